@@ -1,0 +1,225 @@
+"""The typed configuration: ``config.yaml`` loaded into one frozen object, checked key by key.
+
+An unknown or mistyped key is an error that names the dotted key and what was expected. Relative paths are
+resolved against the folder of the config file. Secrets (Discord token, API keys) are never in the file: the file
+names the environment variable that holds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engines.base import SpeechError
+
+
+class ConfigError(SpeechError):
+    """The configuration file is missing, malformed or has a wrong key/value."""
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    dir: Path = Path("models")
+    gpt: Path = Path("models/gsv-v2final-pretrained/s1bert25hz-5kh-longer-epoch=12-step=369668.ckpt")
+    sovits: Path = Path("models/gsv-v2final-pretrained/s2G2333k.pth")
+    hubert: Path = Path("models/chinese-hubert-base")
+    bert: Path = Path("models/chinese-roberta-wwm-ext-large")
+    download_base_url: str = "https://huggingface.co/lj1995/GPT-SoVITS/resolve/main"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    backend: str = "auto"  # auto | torch | onnx | tensorrt
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "auto"  # auto | fp32 | fp16 | bf16
+    threads: int = 0  # CPU threads for torch/onnxruntime; 0 = all cores
+    max_batch: int = 8  # most sentences decoded together by the GPT
+    cuda_graphs: bool = True
+    onnx_dir: Path = Path("cache/onnx")
+    tensorrt_dir: Path = Path("cache/tensorrt")
+    tensorrt_workspace_mb: int = 4096
+
+
+    def __post_init__(self) -> None:
+        _check_choice("backend", self.backend, ("auto", "torch", "onnx", "tensorrt"))
+        _check_choice("precision", self.precision, ("auto", "fp32", "fp16", "bf16", "int8"))
+        if not (self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device)):
+            raise ValueError(f"device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+
+def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SynthesisConfig:
+    language: str = "auto"
+    split_method: str = "cut5"
+    fragment_interval: float = 0.3
+    top_k: int = 15
+    top_p: float = 1.0
+    temperature: float = 1.0
+    repetition_penalty: float = 1.35
+    speed: float = 1.0
+    noise_scale: float = 0.5
+    seed: int = -1
+    queue_size: int = 64
+    deadline_s: float = 120.0
+    stream_pause_s: float = 1.5
+    stream_max_chars: int = 300
+    max_text_chars: int = 5000
+
+
+@dataclass(frozen=True)
+class VoicesConfig:
+    dir: Path = Path("data/voices")
+    max_upload_mb: float = 25.0
+    max_upload_s: float = 600.0
+    min_speech_s: float = 3.0
+    max_speech_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    dir: Path = Path("data/cache")
+    prosody_mb: int = 512
+    audio_mb: int = 1024
+
+
+@dataclass(frozen=True)
+class DiscordConfig:
+    token_env: str = "DISCORD_TOKEN"
+    api_base: str = "https://discord.com/api/v10"
+    gateway_url: str = "wss://gateway.discord.gg/"
+    database: Path = Path("data/voicebot.sqlite3")
+    guild_queue_size: int = 20
+    idle_disconnect_s: float = 600.0
+    max_attachment_mb: float = 25.0
+    max_message_chars: int = 2000
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 9880
+    token_env: str = "VOICEBOT_API_TOKEN"
+    max_body_kb: int = 256
+    max_text_chars: int = 5000
+    rate_limit_per_min: int = 120
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    enabled: bool = False
+    base_url: str = "http://127.0.0.1:11434/v1"
+    model: str = "llama3.1"
+    api_key_env: str = "OPENAI_API_KEY"
+    system_prompt: str = "You are a friendly voice assistant in a Discord server. Answer briefly."
+    memory_messages: int = 20
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Config:
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)
+    voices: VoicesConfig = field(default_factory=VoicesConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    phrases: tuple[str, ...] = ()
+    discord: DiscordConfig = field(default_factory=DiscordConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    chat: ChatConfig = field(default_factory=ChatConfig)
+    log_level: str = "INFO"
+
+    def secret(self, env_name: str) -> str | None:
+        """The value of a secret's environment variable, or None when unset/empty."""
+        value = os.environ.get(env_name, "").strip()
+        return value or None
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and check a config file; raise :class:`ConfigError` naming the bad key."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found: pass --config PATH or copy the shipped config.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from e
+    return config_from_dict(raw or {}, base_dir=path.resolve().parent)
+
+
+def config_from_dict(raw: dict[str, Any], base_dir: Path | None = None) -> Config:
+    return _build(Config, raw, "", base_dir or Path.cwd())
+
+
+def _build(cls: type, raw: Any, prefix: str, base_dir: Path) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'the config'}: expected a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in names:
+            raise ConfigError(f"unknown config key {prefix}{key!s}: expected one of {', '.join(sorted(names))}")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if f.name in raw:
+            values[f.name] = _coerce(tp, raw[f.name], f"{prefix}{f.name}", base_dir)
+        elif dataclasses.is_dataclass(tp):
+            values[f.name] = _build(tp, {}, f"{prefix}{f.name}.", base_dir)
+        elif tp is Path:  # defaults are relative to the config file too
+            values[f.name] = base_dir / f.default
+    try:
+        return cls(**values)
+    except ValueError as e:
+        raise ConfigError(f"config section {prefix.rstrip('.') or '(top level)'}: {e}") from e
+
+
+def _coerce(tp: Any, value: Any, key: str, base_dir: Path) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value if value is not None else {}, key + ".", base_dir)
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(args[0], value, key, base_dir)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"config key {key}: expected a list, got {value!r}")
+        (item,) = typing.get_args(tp)[:1]
+        return tuple(_coerce(item, v, f"{key}[{i}]", base_dir) for i, v in enumerate(value))
+    if tp is Path:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"config key {key}: expected a path (string), got {value!r}")
+        p = Path(os.path.expanduser(value))
+        return p if p.is_absolute() else (base_dir / p)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config key {key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config key {key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key {key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config key {key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"config key {key}: unsupported type {tp!r}")  # pragma: no cover - programming error

@@ -1,0 +1,145 @@
+"""The engine interface: the seam between the synthesis pipeline and the tensors.
+
+Everything that crosses this boundary is numpy (or plain Python). No per-user state lives in an engine: a voice is
+a :class:`VoicePrompt` the caller keeps and passes in with every request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+SAMPLE_RATE = 32000  # Hz, SoVITS v2 output rate
+SSL_SAMPLE_RATE = 16000  # Hz, HuBERT input rate
+SAMPLES_PER_TOKEN = 1280  # samples @ 32 kHz per semantic token (25 Hz)
+EOS_TOKEN = 1024  # the GPT's end-of-sequence id (vocab 1025)
+MAX_DECODE_STEPS = 1500  # upstream's hard cap on GPT steps per sentence (60 s of audio)
+BERT_DIM = 1024  # chinese-roberta-wwm-ext-large hidden size
+
+
+class SpeechError(Exception):
+    """Root of every error this project raises on purpose; the message says what to fix."""
+
+
+class EngineError(SpeechError):
+    """An engine failed (bad model file, backend failure, unsupported feature)."""
+
+
+class ModelFormatError(EngineError):
+    """A checkpoint is unreadable, unsafe, or of a model version we do not support."""
+
+
+@dataclass(frozen=True)
+class VoicePrompt:
+    """Everything the model needs about a reference voice, precomputed once per voice.
+
+    Attributes
+    ----------
+    prompt_tokens:
+        ``[Tp]`` int64, the reference's semantic tokens (HuBERT + VQ). Empty for reference-free mode.
+    ge:
+        ``[gin, 1]`` float32, the global style embedding from the reference spectrogram(s) (averaged).
+    prompt_phones:
+        ``[Tpp]`` int64, phone ids of the reference transcript. Empty for reference-free mode.
+    prompt_bert:
+        ``[1024, Tpp]`` float32, BERT features of the reference transcript (zeros for non-Chinese).
+    """
+
+    prompt_tokens: np.ndarray
+    ge: np.ndarray
+    prompt_phones: np.ndarray
+    prompt_bert: np.ndarray
+
+    @property
+    def reference_free(self) -> bool:
+        return self.prompt_tokens.size == 0 or self.prompt_phones.size == 0
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request GPT sampling options (upstream's names and defaults)."""
+
+    top_k: int = 15
+    top_p: float = 1.0
+    temperature: float = 1.0
+    repetition_penalty: float = 1.35
+    seed: int | None = None  # None: nondeterministic
+    early_stop_num: int = -1  # -1: only the 1500-step cap applies
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+
+@dataclass(frozen=True)
+class SemanticRequest:
+    """One sentence for the GPT.
+
+    Attributes
+    ----------
+    phones: ``[Tx]`` int64 target phone ids (without the prompt's phones).
+    bert: ``[1024, Tx]`` float32 BERT features of the target phones.
+    voice: the voice whose prompt tokens/phones condition the GPT.
+    params: sampling options; ``params.seed`` makes the run reproducible regardless of batching.
+    """
+
+    phones: np.ndarray
+    bert: np.ndarray
+    voice: VoicePrompt
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+# on_chunk(request_index, new_tokens) is called from the engine's thread as tokens become available.
+ChunkCallback = Callable[[int, np.ndarray], None]
+# should_stop(request_index) -> True cancels that request; checked between decode steps.
+StopFlag = Callable[[int], bool]
+
+
+class Engine(Protocol):
+    """A GPT-SoVITS v2 backend. Implementations: torch, onnx, tensorrt (see ``load_engine``)."""
+
+    name: str  # "torch", "onnx", "tensorrt"
+    device: str  # "cpu", "cuda:0", ...
+    precision: str  # "fp32", "fp16", "bf16", "int8"
+    model_id: str  # stable identity of the loaded weights (hash), for cache keys
+
+    def encode_reference(self, wav16k: np.ndarray | None, refs32k: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Reference audio -> (prompt_tokens ``[Tp]`` int64, ge ``[gin, 1]`` float32).
+
+        ``wav16k``: ``[N]`` float32 @ 16 kHz, 3-10 s (None: no prompt tokens, reference-free).
+        ``refs32k``: one or more ``[N]`` float32 @ 32 kHz clips for ``ge`` (averaged).
+        """
+        ...
+
+    def text_features(self, norm_text: str, word2ph: Sequence[int]) -> np.ndarray:
+        """Chinese BERT features: ``[1024, sum(word2ph)]`` float32."""
+        ...
+
+    def generate_semantic(
+        self,
+        requests: Sequence[SemanticRequest],
+        on_chunk: ChunkCallback | None = None,
+        should_stop: StopFlag | None = None,
+    ) -> list[np.ndarray]:
+        """Run the GPT for a batch of sentences; returns the new semantic tokens ``[Ts]`` int64 per request."""
+        ...
+
+    def decode(
+        self,
+        tokens: np.ndarray,
+        phones: np.ndarray,
+        voice: VoicePrompt,
+        speed: float = 1.0,
+        noise_scale: float = 0.5,
+        seed: int | None = None,
+    ) -> np.ndarray:
+        """Semantic tokens ``[Ts]`` + target phones ``[Tx]`` -> waveform ``[N]`` float32 @ 32 kHz."""
+        ...
