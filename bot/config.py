@@ -105,6 +105,10 @@ class DiscordConfig:
     idle_disconnect_s: float = 600.0
     max_attachment_mb: float = 25.0
     max_message_chars: int = 2000
+    alone_disconnect_s: float = 10.0  # leave the voice channel after being alone in it (no humans) this long
+    reconnect_wait_s: float = 5.0  # let discord.py restore a dropped voice connection this long before rejoining
+    ca_file: Path | None = None  # extra CA bundle (PEM) trusted for TLS to Discord or a proxy, besides the system CAs
+    guild_ready_timeout_s: float = 2.0  # wait for GUILD_CREATEs after READY before on_ready (tests use ~0.05)
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,8 @@ class HttpConfig:
     max_body_kb: int = 256
     max_text_chars: int = 5000
     rate_limit_per_min: int = 120
+    # browser origins allowed to call the API (CORS); SillyTavern's UI runs at :8000; "*" allows any site
+    cors_origins: tuple[str, ...] = ("http://localhost:8000", "http://127.0.0.1:8000")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,15 @@
+"""Slash commands, context menus and listeners: parse, check permissions, reply, one call into ``bot/``.
+
+``EXTENSIONS`` lists the discord.py extensions :class:`bot.client.VoiceBot` loads, in order.
+"""
+
+from __future__ import annotations
+
+__all__ = ("EXTENSIONS",)
+
+EXTENSIONS: tuple[str, ...] = (
+    "cogs.speech",  # /join /leave /say /skip /clear, auto-read, "Speak with my voice"
+    "cogs.voices",  # /voice ..., /forget-me
+    "cogs.settings",  # /settings, /set guild, /set user
+    "cogs.phrases",  # /phrases add|list|remove
+)

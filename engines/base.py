@@ -103,6 +103,35 @@ ChunkCallback = Callable[[int, np.ndarray], None]
 StopFlag = Callable[[int], bool]
 
 
+class SemanticBatch(Protocol):
+    """A running GPT decode batch that requests join and leave between steps (continuous batching).
+
+    Used from one thread only (the scheduler's GPT lane).
+    """
+
+    @property
+    def active(self) -> int:
+        """Requests currently decoding."""
+        ...
+
+    @property
+    def capacity(self) -> int:
+        """Most requests that can decode together."""
+        ...
+
+    def add(self, request_id: int, request: SemanticRequest) -> None:
+        """Prefill ``request`` and start decoding it from the next step."""
+        ...
+
+    def step(self) -> list[tuple[int, np.ndarray]]:
+        """Advance every active request by one or more tokens; return the ``(request_id, tokens [Ts])`` that finished."""
+        ...
+
+    def cancel(self, request_id: int) -> None:
+        """Drop a request; its slot is free for the next ``add``."""
+        ...
+
+
 class Engine(Protocol):
     """A GPT-SoVITS v2 backend. Implementations: torch, onnx, tensorrt (see ``load_engine``)."""
 
@@ -130,6 +159,10 @@ class Engine(Protocol):
         should_stop: StopFlag | None = None,
     ) -> list[np.ndarray]:
         """Run the GPT for a batch of sentences; returns the new semantic tokens ``[Ts]`` int64 per request."""
+        ...
+
+    def open_batch(self, on_chunk: ChunkCallback | None = None) -> SemanticBatch:
+        """A continuous-batching GPT decoder (the scheduler drives it step by step)."""
         ...
 
     def decode(

@@ -15,3 +15,39 @@ DATA_DIR = TESTS_DIR / "data"
 def golden_dir() -> Path:
     """The conformance data folder: $VOICEBOT_GOLDEN_DIR when set, else tests/data/golden."""
     return Path(os.environ.get("VOICEBOT_GOLDEN_DIR") or DATA_DIR / "golden")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model set + config.yaml written by `python -m bot models make-tiny` (once per test session)."""
+    from bot.__main__ import main
+
+    out = tmp_path_factory.mktemp("tiny-models")
+    assert main(["models", "make-tiny", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def tiny_config(tiny_models: Path, tmp_path: Path):
+    """The tiny models' config with this test's own data folders (voices, caches, database)."""
+    import dataclasses
+
+    from bot.config import load_config
+
+    cfg = load_config(tiny_models / "config.yaml")
+    return dataclasses.replace(
+        cfg,
+        voices=dataclasses.replace(cfg.voices, dir=tmp_path / "data" / "voices"),
+        cache=dataclasses.replace(cfg.cache, dir=tmp_path / "data" / "cache"),
+        discord=dataclasses.replace(cfg.discord, database=tmp_path / "data" / "voicebot.sqlite3"),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_models: Path):
+    """One torch engine on the tiny models, shared by the tests that only run it."""
+    from bot.config import load_config
+    from engines import load_engine
+
+    cfg = load_config(tiny_models / "config.yaml")
+    return load_engine(cfg.engine, cfg.models)

@@ -1,0 +1,22 @@
+"""The text front-end: sentence splitting (batch and streaming), language pieces, G2P to v2 phone ids.
+
+Dictionaries and models (CMU, jieba, pypinyin, the g2p_en GRU) load on first use, so importing is cheap.
+"""
+
+from __future__ import annotations
+
+from .errors import TextError
+from .frontend import Phonemes, bert_features, text_to_phonemes
+from .normalize import normalize_for_cache
+from .split import split_sentences
+from .stream import SentenceStream
+
+__all__ = [
+    "split_sentences",
+    "SentenceStream",
+    "Phonemes",
+    "text_to_phonemes",
+    "bert_features",
+    "normalize_for_cache",
+    "TextError",
+]

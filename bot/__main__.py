@@ -1,0 +1,370 @@
+"""``python -m bot``: the command line (run, serve, say, voices, phrases, models, engines, bench)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from engines.base import SpeechError
+
+log = logging.getLogger("bot")
+
+# Voices added from the command line: the operator vouches for the speaker's permission.
+_OPERATOR_CONSENT = {"user_id": 0, "text": "added from the command line by the operator, who has the "
+                                           "speaker's permission"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=argparse.SUPPRESS, help="config file (default: ./config.yaml)")
+    p = argparse.ArgumentParser(prog="voicebot", parents=[common],
+                                description="A Discord bot and TTS server that speaks in its users' own voices.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("run", parents=[common], help="start the Discord bot and the local HTTP API")
+    sp = sub.add_parser("serve", parents=[common], help="start only the local HTTP API")
+    sp.add_argument("--host")
+    sp.add_argument("--port", type=int)
+
+    sp = sub.add_parser("say", parents=[common], help="synthesize text to a WAV file")
+    sp.add_argument("text")
+    sp.add_argument("--voice", help="a stored voice (name or id)")
+    sp.add_argument("--ref", type=Path, help="a reference clip (instead of --voice)")
+    sp.add_argument("--ref-text", default="", help="transcript of --ref (empty: reference-free)")
+    sp.add_argument("--ref-lang", default=None, help="language of --ref-text (default: --lang)")
+    sp.add_argument("--lang", default=None, help="text language (default from config)")
+    sp.add_argument("--seed", type=int, default=None)
+    sp.add_argument("-o", "--output", type=Path, required=True)
+    sp.add_argument("--timings", action="store_true", help="print time to first audio and per-sentence times")
+    sp.add_argument("--json", action="store_true", help="with --timings: one JSON object on stdout")
+
+    vp = sub.add_parser("voices", parents=[common], help="manage stored voices")
+    vsub = vp.add_subparsers(dest="action", required=True)
+    sp = vsub.add_parser("add", parents=[common])
+    sp.add_argument("name")
+    sp.add_argument("clip", type=Path)
+    sp.add_argument("--text", default=None, help="what is said in the clip (empty: reference-free)")
+    sp.add_argument("--lang", default="auto")
+    vsub.add_parser("list", parents=[common])
+    sp = vsub.add_parser("delete", parents=[common])
+    sp.add_argument("name")
+
+    pp = sub.add_parser("phrases", parents=[common], help="common phrases")
+    psub = pp.add_subparsers(dest="action", required=True)
+    sp = psub.add_parser("precompute", parents=[common])
+    sp.add_argument("--voice", default=None)
+
+    mp = sub.add_parser("models", parents=[common], help="model files")
+    msub = mp.add_subparsers(dest="action", required=True)
+    sp = msub.add_parser("download", parents=[common])
+    sp.add_argument("dir", nargs="?", type=Path, default=None)
+    sp = msub.add_parser("make-tiny", parents=[common], help="write a tiny random model set + config (tests)")
+    sp.add_argument("dir", type=Path)
+    sp.add_argument("--size", choices=["tiny", "real"], default="tiny")
+    sp.add_argument("--seed", type=int, default=0)
+
+    ep = sub.add_parser("engines", parents=[common], help="inference engines")
+    esub = ep.add_subparsers(dest="action", required=True)
+    sp = esub.add_parser("build", parents=[common], help="export ONNX graphs and build TensorRT engines")
+    sp.add_argument("--backend", choices=["onnx", "tensorrt"], default=None)
+
+    sp = sub.add_parser("bench", parents=[common], help="benchmark the engines (prints a table)")
+    sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    sp.add_argument("--sizes", default="tiny,real")
+    sp.add_argument("--engines", default="naive,torch,onnx")
+    sp.add_argument("--batches", default="1,8")
+    sp.add_argument("--steps", type=int, default=48, help="decode steps per measurement")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    config_path = Path(getattr(args, "config", "config.yaml"))
+    try:
+        if args.command == "models" and args.action == "make-tiny":
+            return _make_tiny(args)
+        from bot.config import load_config
+
+        config = load_config(config_path)
+        logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        handler = _COMMANDS[(args.command, getattr(args, "action", None))]
+        return handler(config, args)
+    except SpeechError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+# ---- commands -------------------------------------------------------------------------------------------------
+
+def _make_tiny(args: argparse.Namespace) -> int:
+    from engines.gpt_sovits.tiny import write_model_set
+
+    paths = write_model_set(args.dir, size=args.size, seed=args.seed)
+    config = {
+        "models": {"dir": ".", **{k: str(paths[k].relative_to(args.dir)) for k in ("gpt", "sovits", "hubert", "bert")},
+                   "download_base_url": "http://127.0.0.1:1/unused"},
+        "engine": {"backend": "torch", "device": "cpu", "precision": "fp32"},
+        "voices": {"dir": "voices"},
+        "cache": {"dir": "cache"},
+        "discord": {"database": "voicebot.sqlite3"},
+    }
+    import yaml
+
+    out = args.dir / "config.yaml"
+    out.write_text("# Written by `python -m bot models make-tiny`: tiny random models for tests.\n"
+                   + yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    print(f"wrote a {args.size} model set and {out}")
+    return 0
+
+
+def _download(config: Any, args: argparse.Namespace) -> int:
+    from bot.downloads import download_models
+
+    dest = args.dir or config.models.dir
+    written = download_models(dest, config.models.download_base_url)
+    print(f"{len(written)} file(s) downloaded into {dest}" if written else f"all model files present in {dest}")
+    return 0
+
+
+def _check_models(config: Any) -> str | None:
+    for label, path in (("GPT", config.models.gpt), ("SoVITS", config.models.sovits),
+                        ("HuBERT", config.models.hubert), ("BERT", config.models.bert)):
+        if not Path(path).exists():
+            return f"the {label} model {path} is missing: run `python -m bot models download` (or `make run`)"
+    return None
+
+
+def _run(config: Any, args: argparse.Namespace) -> int:
+    token = config.secret(config.discord.token_env)
+    if token is None:
+        print(f"set the {config.discord.token_env} environment variable to your bot token "
+              f"(Discord developer portal -> your application -> Bot -> Reset Token)", file=sys.stderr)
+        return 2
+    import discord.opus
+
+    if not discord.opus.is_loaded():
+        try:
+            discord.opus._load_default()
+        except Exception:  # noqa: BLE001
+            pass
+    if not discord.opus.is_loaded():
+        print("libopus was not found: install it (Debian/Ubuntu: sudo apt-get install libopus0; "
+              "macOS: brew install opus)", file=sys.stderr)
+        return 2
+    if (missing := _check_models(config)) is not None:
+        print(missing, file=sys.stderr)
+        return 2
+    from bot.app import run_bot_and_api
+
+    asyncio.run(run_bot_and_api(config, token))
+    return 0
+
+
+def _serve(config: Any, args: argparse.Namespace) -> int:
+    if (missing := _check_models(config)) is not None:
+        print(missing, file=sys.stderr)
+        return 2
+    from bot.app import run_api
+
+    asyncio.run(run_api(config, args.host, args.port))
+    return 0
+
+
+def _say(config: Any, args: argparse.Namespace) -> int:
+    return asyncio.run(_say_async(config, args))
+
+
+async def _say_async(config: Any, args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import soundfile as sf
+
+    from bot.services import build_synthesizer, default_params
+
+    t_load = time.perf_counter()
+    synth = build_synthesizer(config)
+    load_s = time.perf_counter() - t_load
+    try:
+        params = default_params(config)
+        if args.lang:
+            params = dataclasses.replace(params, language=args.lang)
+        if args.seed is not None:
+            params = dataclasses.replace(params, seed=args.seed)
+        temp_voice = None
+        if args.ref is not None:
+            lang = args.ref_lang or params.language
+            temp_voice, warnings = await synth.create_voice(
+                f"cli-{int(time.time())}", args.ref.read_bytes(), args.ref.name, transcript=args.ref_text or None,
+                language=lang, consent=_OPERATOR_CONSENT)
+            for w in warnings:
+                print(f"warning: {w}", file=sys.stderr)
+            voice: Any = temp_voice
+        elif args.voice:
+            voice = args.voice
+        else:
+            print("error: give --voice NAME or --ref CLIP", file=sys.stderr)
+            return 2
+        started = time.perf_counter()
+        ttfa = None
+        chunks = []
+        try:
+            async for chunk in synth.stream(args.text, voice, params):
+                if ttfa is None:
+                    ttfa = time.perf_counter() - started
+                chunks.append(chunk)
+        finally:
+            if temp_voice is not None:
+                await synth.delete_voice(temp_voice.id)
+        total = time.perf_counter() - started
+        import numpy as np
+
+        audio = np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, np.float32)
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        sf.write(args.output, audio, 32000, subtype="PCM_16")
+        audio_s = audio.size / 32000
+        if args.timings:
+            report = {
+                "ttfa_s": round(ttfa or 0.0, 4), "total_s": round(total, 4), "audio_s": round(audio_s, 4),
+                "rtf": round(total / audio_s, 4) if audio_s else None, "load_s": round(load_s, 3),
+                "sentences": [{"text": c.sentence, "gpt_s": round(c.timings.get("gpt_s", 0.0), 4),
+                               "sovits_s": round(c.timings.get("sovits_s", 0.0), 4),
+                               "prosody_hit": bool(c.timings.get("prosody_hit")),
+                               "audio_hit": bool(c.timings.get("audio_hit"))} for c in chunks],
+            }
+            if args.json:
+                print(json.dumps(report))
+            else:
+                print(f"model load {load_s:.2f} s; time to first audio {report['ttfa_s']:.3f} s; total "
+                      f"{total:.3f} s for {audio_s:.2f} s of audio (RTF {report['rtf']})")
+                for s in report["sentences"]:
+                    print(f"  GPT {s['gpt_s']:.3f} s  SoVITS {s['sovits_s']:.3f} s  prosody hit "
+                          f"{s['prosody_hit']!s:5}  audio hit {s['audio_hit']!s:5}  {s['text']}")
+        else:
+            print(f"wrote {args.output} ({audio_s:.2f} s)")
+        return 0
+    finally:
+        await synth.close()
+
+
+def _voices_add(config: Any, args: argparse.Namespace) -> int:
+    async def go() -> int:
+        from tqdm import tqdm
+
+        from bot.services import build_synthesizer
+
+        synth = build_synthesizer(config)
+        try:
+            with tqdm(total=100, desc="preparing voice", unit="%") as bar:
+                def progress(stage: str, frac: float) -> None:
+                    bar.set_postfix_str(stage)
+                    bar.update(int(frac * 100) - bar.n)
+
+                voice, warnings = await synth.create_voice(
+                    args.name, args.clip.read_bytes(), args.clip.name, transcript=args.text, language=args.lang,
+                    consent=_OPERATOR_CONSENT,
+                    progress=progress)
+            for w in warnings:
+                print(f"warning: {w}", file=sys.stderr)
+            print(f"voice {voice.name!r} created (id {voice.id})")
+            if config.phrases:
+                await _precompute_with_bar(synth, voice, config.phrases)
+            return 0
+        finally:
+            await synth.close()
+
+    return asyncio.run(go())
+
+
+async def _precompute_with_bar(synth: Any, voice: Any, phrases: Sequence[str]) -> None:
+    from tqdm import tqdm
+
+    with tqdm(total=len(phrases), desc=f"phrases for {voice.name}", unit="phrase") as bar:
+        def progress(stage: str, frac: float) -> None:
+            bar.update(round(frac * len(phrases)) - bar.n)
+
+        await synth.precompute(voice, phrases, progress)
+
+
+def _voices_list(config: Any, args: argparse.Namespace) -> int:
+    from synthesis.voices import VoiceStore
+
+    voices = VoiceStore(config.voices.dir).list()
+    if not voices:
+        print("no voices yet: add one with `python -m bot voices add NAME CLIP --text \"...\"`")
+    for v in voices:
+        print(f"{v.name:24} {v.id}  owner {v.owner_id}  v{v.version}  {v.language:6} "
+              f"{'reference-free' if not v.prompt_text else repr(v.prompt_text[:40])}")
+    return 0
+
+
+def _voices_delete(config: Any, args: argparse.Namespace) -> int:
+    from synthesis.cache import SynthesisCache
+    from synthesis.voices import VoiceStore
+
+    from bot.services import MB
+
+    cache = SynthesisCache(config.cache.dir, config.cache.prosody_mb * MB, config.cache.audio_mb * MB)
+    try:
+        store = VoiceStore(config.voices.dir, cache=cache)
+        voice = store.find(args.name)
+        store.delete(voice.id)
+        print(f"deleted voice {voice.name!r} and everything derived from it")
+    finally:
+        cache.close()
+    return 0
+
+
+def _phrases_precompute(config: Any, args: argparse.Namespace) -> int:
+    async def go() -> int:
+        from bot.services import build_synthesizer
+
+        synth = build_synthesizer(config)
+        try:
+            voices = [synth.voices.find(args.voice)] if args.voice else synth.voices.list()
+            if not voices:
+                print("no voices to precompute for")
+            for voice in voices:
+                await _precompute_with_bar(synth, voice, config.phrases)
+            return 0
+        finally:
+            await synth.close()
+
+    return asyncio.run(go())
+
+
+def _engines_build(config: Any, args: argparse.Namespace) -> int:
+    from engines.export import build_engines
+
+    build_engines(config.engine, config.models, backend=args.backend)
+    return 0
+
+
+def _bench(config: Any, args: argparse.Namespace) -> int:
+    from bot.bench import run_bench
+
+    return run_bench(config, args)
+
+
+_COMMANDS = {
+    ("run", None): _run,
+    ("serve", None): _serve,
+    ("say", None): _say,
+    ("voices", "add"): _voices_add,
+    ("voices", "list"): _voices_list,
+    ("voices", "delete"): _voices_delete,
+    ("phrases", "precompute"): _phrases_precompute,
+    ("models", "download"): _download,
+    ("engines", "build"): _engines_build,
+    ("bench", None): _bench,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

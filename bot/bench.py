@@ -1,0 +1,248 @@
+"""``python -m bot bench``: the speed table — GPT decode tokens/s, time to first audio, RTF, peak memory.
+
+Every engine is measured in the same run, at the real v2 sizes (seeded random weights: the speed of the maths does
+not depend on the values) and at the tiny test sizes, next to a naive baseline: the eager PyTorch loop that grows
+its KV cache with ``torch.cat`` and syncs every token, as upstream does. The random GPT's EOS row is zeroed so that
+decoding runs for exactly the requested number of steps (``early_stop_num``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+SENTENCE_10_WORDS = "The quick brown fox jumps over the lazy dog today."
+TOKENS_10_WORDS = 75  # semantic tokens (3 s of audio) a 10-word sentence takes at a natural pace
+TEXT_SENTENCES = 4  # whole-text RTF: this many such sentences
+PROMPT_TOKENS = 150  # a 5.4 s reference (HuBERT 25 Hz + the 0.6 s pad)
+PROMPT_PHONES = 40
+
+
+@dataclass
+class Row:
+    engine: str
+    precision: str
+    device: str
+    size: str
+    batch: int
+    tokens_per_s: float | None
+    ttfa_s: float | None
+    rtf: float | None
+    peak_mem_mb: float | None
+
+
+def _peak_mem_mb(device: str) -> float:
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _requests(batch: int, steps: int, rng: np.random.Generator):  # type: ignore[no-untyped-def]
+    from engines.base import SamplingParams, SemanticRequest, VoicePrompt
+
+    voice = VoicePrompt(prompt_tokens=rng.integers(0, 1024, PROMPT_TOKENS).astype(np.int64),
+                        ge=np.zeros((512, 1), np.float32),
+                        prompt_phones=rng.integers(1, 732, PROMPT_PHONES).astype(np.int64),
+                        prompt_bert=np.zeros((1024, PROMPT_PHONES), np.float32))
+    out = []
+    for i in range(batch):
+        phones = rng.integers(1, 732, 45).astype(np.int64)
+        out.append(SemanticRequest(phones, np.zeros((1024, phones.size), np.float32), voice,
+                                   SamplingParams(top_k=15, seed=1000 + i, early_stop_num=steps)))
+    return out
+
+
+def _time_batch(engine: Any, batch: int, steps: int) -> float:
+    """Decode tokens/s of ``batch`` rows through the engine's continuous batch (prefill excluded)."""
+    rng = np.random.default_rng(0)
+    reqs = _requests(batch, steps, rng)
+    b = engine.open_batch()
+    for i, r in enumerate(reqs):
+        b.add(i, r)
+    b.step()  # first step: warm-up (allocations, kernel selection)
+    done = 0
+    t0 = time.perf_counter()
+    n = 0
+    while done < batch:
+        done += len(b.step())
+        n += 1
+    dt = time.perf_counter() - t0
+    return batch * n / dt
+
+
+def _naive_tokens_per_s(gpt: Any, steps: int) -> float:
+    from engines.gpt_sovits.naive import naive_generate
+    from engines.gpt_sovits.generate import request_inputs
+
+    (req,) = _requests(1, steps, np.random.default_rng(0))
+    phones, bert, prompt = request_inputs(req)
+    naive_generate(gpt, phones, bert, prompt, req.params)  # warm-up
+    t0 = time.perf_counter()
+    tokens = naive_generate(gpt, phones, bert, prompt, req.params)
+    dt = time.perf_counter() - t0
+    return len(tokens) / dt
+
+
+def _zero_eos(engine: Any) -> None:
+    """Random weights: make EOS never win, so runs last exactly early_stop_num steps."""
+    import torch
+
+    with torch.no_grad():
+        engine.gpt.ar_predict_layer.weight[1024].zero_()
+
+
+def _ttfa_and_rtf(engine: Any, decode_gpt: Callable[[Any], np.ndarray]) -> tuple[float, float]:
+    """Cold time to first audio for a 10-word sentence, and the RTF of a 4-sentence text (no overlap credit)."""
+    from synthesis.text import text_to_phonemes
+
+    rng = np.random.default_rng(1)
+    (req,) = _requests(1, TOKENS_10_WORDS, rng)
+    t0 = time.perf_counter()
+    ph = text_to_phonemes(SENTENCE_10_WORDS, "en")
+    req = type(req)(ph.ids, np.zeros((1024, ph.ids.size), np.float32), req.voice, req.params)
+    tokens = decode_gpt(req)
+    wav = engine.decode(tokens, ph.ids, _voice_with_ge(engine, req.voice), 1.0, 0.5, 0)
+    ttfa = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    audio = 0
+    for _ in range(TEXT_SENTENCES):
+        tokens = decode_gpt(req)
+        audio += engine.decode(tokens, ph.ids, _voice_with_ge(engine, req.voice), 1.0, 0.5, 0).size
+    rtf = (time.perf_counter() - t0) / (audio / 32000)
+    assert wav.size > 0
+    return ttfa, rtf
+
+
+def _voice_with_ge(engine: Any, voice: Any) -> Any:
+    import dataclasses
+
+    gin = engine.sovits.cfg.gin_channels
+    return dataclasses.replace(voice, ge=np.full((gin, 1), 0.1, np.float32))
+
+
+def _engine_gpt(engine: Any) -> Callable[[Any], np.ndarray]:
+    def run(req: Any) -> np.ndarray:
+        b = engine.open_batch()
+        b.add(0, req)
+        while True:
+            for _, tokens in b.step():
+                return tokens
+
+    return run
+
+
+def _naive_gpt(engine: Any) -> Callable[[Any], np.ndarray]:
+    from engines.gpt_sovits.naive import naive_generate
+    from engines.gpt_sovits.generate import request_inputs
+
+    def run(req: Any) -> np.ndarray:
+        phones, bert, prompt = request_inputs(req)
+        return np.asarray(naive_generate(engine.gpt, phones, bert, prompt, req.params))
+
+    return run
+
+
+def bench_size(size: str, engines: list[str], batches: list[int], steps: int, device: str,
+               threads: int) -> list[Row]:
+    from engines.gpt_sovits.tiny import write_model_set
+    from engines.loader import set_cpu_threads
+    from engines.torch_engine import TorchEngine
+
+    rows: list[Row] = []
+    if device == "cpu":
+        set_cpu_threads(threads)
+    with tempfile.TemporaryDirectory(prefix=f"voicebot-bench-{size}-") as tmp:
+        paths = write_model_set(Path(tmp), size=size, seed=0)
+        models = argparse.Namespace(gpt=paths["gpt"], sovits=paths["sovits"], hubert=paths["hubert"],
+                                    bert=paths["bert"])
+        precisions = ["fp32"] if device == "cpu" else ["fp16", "bf16"]
+        if device == "cpu" and "int8" in engines:
+            precisions.append("int8")
+        base = TorchEngine.from_files(models, device=device, precision="fp32" if device == "cpu" else "fp16",
+                                      max_batch=max(batches), cuda_graphs=False)
+        _zero_eos(base)
+        if "naive" in engines:
+            tps = _naive_tokens_per_s(base.gpt, steps)
+            ttfa, rtf = _ttfa_and_rtf(base, _naive_gpt(base))
+            rows.append(Row("naive", base.precision, device, size, 1, tps, ttfa, rtf, _peak_mem_mb(device)))
+            log.info("naive %s: %.1f tok/s", size, tps)
+        if "torch" in engines or "int8" in engines:
+            for prec in precisions:
+                if prec != "int8" and "torch" not in engines:
+                    continue
+                eng = base if prec == base.precision else TorchEngine.from_files(
+                    models, device=device, precision=prec, max_batch=max(batches))
+                _zero_eos(eng)
+                ttfa, rtf = _ttfa_and_rtf(eng, _engine_gpt(eng))
+                for b in batches:
+                    tps = _time_batch(eng, b, steps)
+                    rows.append(Row("torch", prec, device, size, b, tps, ttfa if b == 1 else None,
+                                    rtf if b == 1 else None, _peak_mem_mb(device)))
+                    log.info("torch %s %s b%d: %.1f tok/s", prec, size, b, tps)
+        if "onnx" in engines:
+            rows.extend(_bench_onnx(models, Path(tmp), size, batches, steps, device, threads))
+    return rows
+
+
+def _bench_onnx(models: Any, tmp: Path, size: str, batches: list[int], steps: int, device: str,
+                threads: int) -> list[Row]:
+    try:
+        from engines.onnx_engine import OnnxEngine
+    except ImportError as e:
+        log.warning("ONNX engine unavailable: %s", e)
+        return []
+    rows = []
+    for prec in ("fp32", "int8") if device == "cpu" else ("fp16",):
+        eng = OnnxEngine.from_files(models, tmp / "onnx", device=device, precision=prec, threads=threads,
+                                    max_batch=max(batches))
+        _zero_eos(eng)
+        ttfa, rtf = _ttfa_and_rtf(eng, _engine_gpt(eng))
+        for b in batches:
+            tps = _time_batch(eng, b, steps)
+            rows.append(Row("onnx", prec, device, size, b, tps, ttfa if b == 1 else None, rtf if b == 1 else None,
+                            _peak_mem_mb(device)))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    base = {r.size: r.tokens_per_s for r in rows if r.engine == "naive"}
+    head = f"{'engine':7} {'prec':5} {'device':7} {'size':5} {'batch':>5} {'tok/s':>9} {'x naive':>8} " \
+           f"{'ttfa s':>8} {'RTF':>7} {'peak MB':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ratio = (r.tokens_per_s / base[r.size]) if r.tokens_per_s and base.get(r.size) else None
+        lines.append(
+            f"{r.engine:7} {r.precision:5} {r.device:7} {r.size:5} {r.batch:5d} "
+            f"{r.tokens_per_s or 0:9.1f} {('%.2fx' % ratio) if ratio else '-':>8} "
+            f"{('%.3f' % r.ttfa_s) if r.ttfa_s is not None else '-':>8} "
+            f"{('%.3f' % r.rtf) if r.rtf is not None else '-':>7} {r.peak_mem_mb or 0:8.0f}")
+    return "\n".join(lines)
+
+
+def run_bench(config: Any, args: argparse.Namespace) -> int:
+    from engines.loader import resolve_device
+
+    device = resolve_device(config.engine.device)
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    batches = [int(b) for b in args.batches.split(",")]
+    rows: list[Row] = []
+    for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
+        rows.extend(bench_size(size, engines, batches, args.steps, device, config.engine.threads))
+    print(format_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,186 @@
+"""The discord.py client: points discord.py at the configured endpoints, loads the cogs, syncs slash commands.
+
+The bot holds no per-guild state itself; everything it needs arrives as one :class:`bot.services.Services`
+(constructor injection, as discord.py's ``examples/advanced_startup.py``). Commands live in ``cogs/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import ssl
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import aiohttp
+import discord
+import discord.gateway
+import discord.http
+import yarl
+from discord.ext import commands
+
+from bot.config import ConfigError, DiscordConfig
+
+if TYPE_CHECKING:
+    from bot.services import Services
+
+__all__ = ("VoiceBot", "run_bot", "ssl_context_for")
+
+log = logging.getLogger(__name__)
+
+# The package whose ``EXTENSIONS`` lists the cog extensions. Loaded by name at runtime, as discord.py loads the
+# extensions themselves, so that bot/ never imports cog code (imports point cogs -> bot).
+EXTENSIONS_PACKAGE = "cogs"
+
+
+def ssl_context_for(cfg: DiscordConfig) -> ssl.SSLContext:
+    """The TLS context for every connection to Discord (REST, gateway, voice gateway).
+
+    It trusts the system CAs and, when ``discord.ca_file`` is set, that PEM bundle as well (a proxy's CA, or the
+    local stand-in's test CA).
+
+    Raises
+    ------
+    ConfigError
+        ``discord.ca_file`` names a missing or unreadable file.
+    """
+    ctx = ssl.create_default_context()
+    if cfg.ca_file is not None:
+        try:
+            ctx.load_verify_locations(cafile=str(cfg.ca_file))
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(
+                f"config key discord.ca_file: cannot load CA bundle {cfg.ca_file} ({e}); "
+                "point it at a readable PEM file or set it to null"
+            ) from e
+    return ctx
+
+
+def _intents() -> discord.Intents:
+    """Guilds, voice states and guild messages with their content (auto-read); no privileged members intent."""
+    intents = discord.Intents.none()
+    intents.guilds = True
+    intents.voice_states = True
+    intents.guild_messages = True
+    intents.message_content = True
+    return intents
+
+
+class VoiceBot(commands.Bot):
+    """The voicebot Discord client.
+
+    Parameters
+    ----------
+    services : Services
+        The process's shared services (config, synthesizer, store, speech).
+    extensions : Sequence[str] or None
+        Dotted module names of the cog extensions to load in :meth:`setup_hook`; by default ``cogs.EXTENSIONS``.
+    sync_commands : bool
+        Whether to sync the global application commands at startup.
+    """
+
+    services: Services
+    extensions_loaded: list[str]
+    extensions_failed: dict[str, BaseException]
+
+    def __init__(
+        self,
+        services: Services,
+        *,
+        extensions: Sequence[str] | None = None,
+        sync_commands: bool = True,
+    ) -> None:
+        super().__init__(
+            command_prefix=commands.when_mentioned,  # no prefix commands exist; slash commands only
+            help_command=None,
+            intents=_intents(),
+            guild_ready_timeout=services.config.discord.guild_ready_timeout_s,
+            allowed_mentions=discord.AllowedMentions.none(),  # reading names aloud must never ping anyone
+        )
+        self.services = services
+        self._extensions = tuple(extensions) if extensions is not None else None
+        self._sync_commands = sync_commands
+        self.extensions_loaded = []
+        self.extensions_failed = {}
+        self._shutdown_done = False
+
+    async def login(self, token: str) -> None:
+        """Point discord.py at the configured endpoints and TLS trust, then log in.
+
+        This cannot wait for :meth:`setup_hook`: discord.py calls that only after ``HTTPClient.static_login`` has
+        already made its first request, and the connector must exist (inside the running loop) before it.
+        """
+        cfg = self.services.config.discord
+        discord.http.Route.BASE = cfg.api_base.rstrip("/")
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(cfg.gateway_url)
+        connector = self.http.connector
+        if connector is discord.utils.MISSING or connector.closed:
+            self.http.connector = aiohttp.TCPConnector(limit=0, ssl=ssl_context_for(cfg))
+        await super().login(token)
+
+    async def setup_hook(self) -> None:
+        """Load every cog extension (a failure is logged by name and the rest still load), then sync commands."""
+        names = self._extensions
+        if names is None:
+            names = tuple(importlib.import_module(EXTENSIONS_PACKAGE).EXTENSIONS)
+        for name in names:
+            try:
+                await self.load_extension(name)
+            except Exception as e:
+                log.exception("could not load extension %s; its commands are unavailable", name)
+                self.extensions_failed[name] = e
+            else:
+                self.extensions_loaded.append(name)
+        if self._sync_commands:
+            try:
+                synced = await self.tree.sync()
+            except discord.HTTPException:
+                log.exception("could not sync application commands; the previously synced set stays active")
+            else:
+                log.info("synced %d application commands", len(synced))
+
+    async def on_message(self, message: discord.Message, /) -> None:
+        """Do nothing here: there are no prefix commands (cog listeners still receive every message)."""
+
+    async def on_ready(self) -> None:
+        """Log who we are once the guilds have arrived."""
+        assert self.user is not None
+        log.info("logged in as %s (%s) in %d guilds", self.user, self.user.id, len(self.guilds))
+
+    async def close(self) -> None:
+        """Stop speech first (journals the queues, leaves voice), then close the Discord connection."""
+        if not self._shutdown_done:
+            self._shutdown_done = True
+            speech = self.services.speech
+            if speech is not None:
+                try:
+                    await speech.shutdown()
+                except Exception:
+                    log.exception("speech shutdown failed; closing the Discord connection anyway")
+        await super().close()
+
+
+async def run_bot(services: Services, *, token: str | None = None) -> None:
+    """Run the Discord bot until it is closed or cancelled, then shut down cleanly.
+
+    Parameters
+    ----------
+    services : Services
+        The process's services.
+    token : str or None
+        The bot token; by default read from the environment variable named by ``discord.token_env``.
+
+    Raises
+    ------
+    ConfigError
+        No token was given and the environment variable is unset (``__main__`` checks this first).
+    discord.LoginFailure
+        Discord refused the token.
+    """
+    cfg = services.config
+    token = token or cfg.secret(cfg.discord.token_env)
+    if not token:
+        raise ConfigError(f"no Discord bot token: set the environment variable {cfg.discord.token_env}")
+    bot = VoiceBot(services)
+    async with bot:
+        await bot.start(token)

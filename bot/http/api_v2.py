@@ -1,0 +1,405 @@
+"""GPT-SoVITS ``api_v2`` on top of the one pipeline: ``GET/POST /tts`` and its control endpoints.
+
+Parameters, types and defaults are upstream's (``text``, ``text_lang``, ``ref_audio_path`` required; numbers may
+arrive as JSON numbers or query strings; ``streaming_mode`` is a bool or 0-3). Defaults for the sampling options
+come from ``synthesis:`` in config.yaml, whose shipped values are upstream's.
+
+How upstream's parameters map here:
+
+* ``ref_audio_path``: a stored voice's name or id, or a path to a stored voice's folder or one of its files inside
+  ``voices.dir`` (absolute, or relative to that folder or to the working directory). Any other path (``..``, a
+  symlink pointing out, a file that is not a stored voice's) is refused with 400. The voice's stored reference,
+  transcript and language are used, so ``prompt_text`` and ``prompt_lang`` are validated and otherwise ignored.
+* ``aux_ref_audio_paths``: each must resolve like ``ref_audio_path``; a voice's style vector is fixed when the
+  voice is created, so they add nothing (create the voice from the combined clips instead).
+* No-ops, validated for type and range: ``batch_size``, ``batch_threshold``, ``split_bucket``, ``parallel_infer``
+  (the scheduler batches across requests by itself), ``sample_steps`` and ``super_sampling`` (v3/v4 only),
+  ``overlap_length`` and ``min_chunk_length`` (token streaming).
+* ``streaming_mode``: 0/false = one body; 1/true = one chunk per sentence. 2 and 3 (token chunks upstream) stream
+  per sentence too: the pipeline yields whole sentences, and per-sentence decoding is upstream's best quality.
+* ``noise_scale`` (not upstream's): the SoVITS noise, default from config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Awaitable, Callable, Mapping
+
+from aiohttp import web
+
+from bot.config import Config
+from bot.http.responses import ApiError, services_of, stream_audio, whole_audio
+from synthesis.types import LANGUAGES, SPLIT_METHODS, SynthesisParams, Voice, VoiceNotFound
+
+MEDIA_TYPES = ("wav", "raw", "ogg", "aac")
+MAX_SEED = 2**63 - 1
+_ID_RE = re.compile(r"[\w-]{1,64}")  # what may be passed to VoiceStore.get
+_NAME_RE = re.compile(r"[\w -]{1,32}")  # what may be passed to VoiceStore.find
+_MISSING: Any = object()
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+class ParamReader:
+    """Typed, range-checked request parameters from a JSON object or a query string.
+
+    Every failure is an :class:`ApiError` 400 naming the parameter, what it accepts and what arrived. ``null``
+    counts as absent.
+    """
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values = values
+
+    def raw(self, name: str) -> Any:
+        value = self._values.get(name)
+        return None if value is None else value
+
+    def string(self, name: str, default: Any = _MISSING, *, choices: tuple[str, ...] | None = None,
+               lower: bool = False, hint: str = "") -> Any:
+        value = self.raw(name)
+        if value is None:
+            return self._default(name, default, hint)
+        if not isinstance(value, str):
+            raise ApiError(400, f"{name} must be a string, got {value!r}")
+        if lower:
+            value = value.strip().lower()
+        if choices is not None and value not in choices:
+            raise ApiError(400, f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        return value
+
+    def integer(self, name: str, default: int, lo: int | None = None, hi: int | None = None) -> int:
+        value = self.raw(name)
+        if value is None:
+            return default
+        number: int | None = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        elif isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
+            number = int(value)
+        if number is None or (lo is not None and number < lo) or (hi is not None and number > hi):
+            raise ApiError(400, f"{name} must be an integer{_range(lo, hi)}; got {value!r}")
+        return number
+
+    def number(self, name: str, default: float, lo: float | None = None, hi: float | None = None, *,
+               lo_open: bool = False) -> float:
+        value = self.raw(name)
+        if value is None:
+            return default
+        number: float | None = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+        bad = number is None or not math.isfinite(number)
+        if not bad and lo is not None:
+            bad = number <= lo if lo_open else number < lo  # type: ignore[operator]
+        if not bad and hi is not None:
+            bad = number > hi  # type: ignore[operator]
+        if bad:
+            parts = [("above " if lo_open else "from ") + f"{lo:g}"] if lo is not None else []
+            parts += [f"up to {hi:g}"] if hi is not None else []
+            span = " " + " ".join(parts) if parts else ""
+            raise ApiError(400, f"{name} must be a number{span}; got {value!r}")
+        assert number is not None
+        return number
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ApiError(400, f"{name} must be true or false; got {value!r}")
+
+    def strings(self, name: str) -> list[str]:
+        """A list of strings: a JSON array, or a repeated query parameter."""
+        getall = getattr(self._values, "getall", None)  # a query string: the parameter repeated
+        if getall is not None:
+            items: Any = getall(name, [])
+        else:
+            items = self.raw(name)
+            if items is None:
+                return []
+            if not isinstance(items, list):
+                raise ApiError(400, f"{name} must be a list of strings; got {items!r}")
+        if not all(isinstance(x, str) for x in items):
+            raise ApiError(400, f"{name} must be a list of strings; got {items!r}")
+        return list(items)
+
+    def _default(self, name: str, default: Any, hint: str) -> Any:
+        if default is _MISSING:
+            raise ApiError(400, f"{name} is required" + (f": {hint}" if hint else ""))
+        return default
+
+
+def _range(lo: int | None, hi: int | None) -> str:
+    if lo is not None and hi is not None:
+        return f" from {lo} to {hi}"
+    if lo is not None:
+        return f" >= {lo}"
+    if hi is not None:
+        return f" <= {hi}"
+    return ""
+
+
+def base_params(config: Config) -> SynthesisParams:
+    """The server's default :class:`SynthesisParams` (config ``synthesis:``)."""
+    names = {f.name for f in dataclasses.fields(SynthesisParams)}
+    return SynthesisParams(**{n: getattr(config.synthesis, n) for n in names if hasattr(config.synthesis, n)})
+
+
+def make_params(base: SynthesisParams, **changes: Any) -> SynthesisParams:
+    """``base`` with ``changes``; a value SynthesisParams refuses becomes a 400."""
+    try:
+        return dataclasses.replace(base, **changes)
+    except ValueError as e:
+        raise ApiError(400, str(e)) from e
+
+
+def check_text(text: str, config: Config, name: str = "text") -> str:
+    """Refuse empty or over-long text (``http.max_text_chars``)."""
+    if not text.strip():
+        raise ApiError(400, f"{name} is empty: send the words to speak")
+    limit = config.http.max_text_chars
+    if len(text) > limit:
+        raise ApiError(400, f"{name} is {len(text)} characters long; the limit is {limit} "
+                            "(http.max_text_chars): send it in parts")
+    return text
+
+
+# ---- voices ------------------------------------------------------------------------------------------------------
+
+def lookup_voice(synth: Any, key: str) -> Voice | None:
+    """A stored voice by id or name (any owner), or None."""
+    key = key.strip()
+    voices = synth.voices
+    if _ID_RE.fullmatch(key):
+        try:
+            return voices.get(key)
+        except (VoiceNotFound, KeyError, ValueError, OSError):
+            pass
+    if _NAME_RE.fullmatch(key):
+        try:
+            return voices.find(key)
+        except (VoiceNotFound, KeyError, ValueError):
+            pass
+    return None
+
+
+def voice_names(synth: Any, limit: int = 20) -> str:
+    """The stored voices' names, for error messages."""
+    names = sorted({v.name for v in synth.voices.list()})
+    if not names:
+        return "there are no voices yet: create one first (Discord /voice create, or `python -m bot voices add`)"
+    more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
+    return "available voices: " + ", ".join(names[:limit]) + more
+
+
+def voice_catalog(synth: Any) -> list[tuple[str, str, Voice]]:
+    """Every stored voice as (key, display name, voice), sorted by name; the key is the name, or the id when
+    several owners use the same name."""
+    voices = sorted(synth.voices.list(), key=lambda v: (v.name.lower(), v.id))
+    counts: dict[str, int] = {}
+    for v in voices:
+        counts[v.name] = counts.get(v.name, 0) + 1
+    return [(v.name, v.name, v) if counts[v.name] == 1 else (v.id, f"{v.name} ({v.id[:8]})", v) for v in voices]
+
+
+def resolve_ref(synth: Any, voices_dir: Path, ref: str, name: str = "ref_audio_path") -> Voice:
+    """``ref_audio_path`` -> a stored voice: its name or id, or a path inside the voices folder that belongs to it.
+
+    Raises :class:`ApiError` 400 for anything else, paths that leave the voices folder above all.
+    """
+    ref = ref.strip()
+    if not ref:
+        raise ApiError(400, f"{name} is empty: name a stored voice; {voice_names(synth)}")
+    voice = lookup_voice(synth, ref)
+    if voice is not None:
+        return voice
+    text = ref.replace("\\", "/")
+    if ".." in PurePosixPath(text).parts:
+        raise ApiError(400, f"{name} may not contain '..': name a stored voice, or a file inside the voices folder")
+    root = Path(os.path.realpath(voices_dir))
+    given = Path(os.path.expanduser(text))
+    candidates = [given] if given.is_absolute() else [root / given, Path.cwd() / given]
+    inside = [Path(os.path.realpath(c)) for c in candidates]  # symlinks resolved: a link pointing out is outside
+    inside = [p for p in inside if p == root or root in p.parents]
+    if not inside:
+        raise ApiError(400, f"{name} {ref!r} is neither a stored voice nor a file inside the voices folder: "
+                            f"only stored voices can be used; {voice_names(synth)}")
+    for path in inside:
+        if path == root or not path.exists():
+            continue
+        voice_id = path.relative_to(root).parts[0]
+        voice = lookup_voice(synth, voice_id) if _ID_RE.fullmatch(voice_id) else None
+        if voice is not None and voice.id == voice_id:
+            return voice
+        raise ApiError(400, f"{name} {ref!r} is inside the voices folder but is not a stored voice's file; "
+                            f"{voice_names(synth)}")
+    raise ApiError(400, f"{name} {ref!r}: no such voice or file; {voice_names(synth)}")
+
+
+# ---- /tts --------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TtsRequest:
+    """A validated api_v2 request, ready for ``Synthesizer.stream``."""
+
+    text: str
+    voice: Voice
+    params: SynthesisParams
+    media_type: str  # wav | raw | ogg | aac
+    streaming_mode: int  # 0: one body; 1-3: streamed per sentence
+
+
+def streaming_mode(value: Any) -> int:
+    """api_v2's ``streaming_mode``: false/true or 0-3 (JSON or query string)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int) and 0 <= value <= 3:
+        return value
+    if isinstance(value, float) and value.is_integer() and 0 <= value <= 3:
+        return int(value)
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("true", "false"):
+            return int(v == "true")
+        if v in ("0", "1", "2", "3"):
+            return int(v)
+    raise ApiError(400, f"streaming_mode must be false/true or 0-3; got {value!r}")
+
+
+def parse_tts(values: Mapping[str, Any], services: Any, *,
+              media_types: tuple[str, ...] = MEDIA_TYPES) -> TtsRequest:
+    """Validate every api_v2 parameter (see the module docstring) and resolve the voice."""
+    config: Config = services.config
+    synth = services.synthesizer
+    base = base_params(config)
+    r = ParamReader(values)
+    text = check_text(r.string("text", hint="the words to speak"), config)
+    language = r.string("text_lang", choices=LANGUAGES, lower=True, hint="the text's language, e.g. auto, en, zh")
+    ref = r.string("ref_audio_path", hint="a stored voice's name")
+    aux = r.strings("aux_ref_audio_paths")
+    r.string("prompt_text", "")
+    r.string("prompt_lang", None, choices=LANGUAGES, lower=True)
+    changes = {
+        "language": language,
+        "top_k": r.integer("top_k", base.top_k, lo=1),
+        "top_p": r.number("top_p", base.top_p, lo=0.0, hi=1.0, lo_open=True),
+        "temperature": r.number("temperature", base.temperature, lo=0.0),
+        "split_method": r.string("text_split_method", base.split_method, choices=SPLIT_METHODS, lower=True),
+        "speed": r.number("speed_factor", base.speed, lo=0.25, hi=4.0),
+        "fragment_interval": r.number("fragment_interval", base.fragment_interval, lo=0.0, hi=5.0),
+        "seed": r.integer("seed", base.seed, lo=-1, hi=MAX_SEED),
+        "repetition_penalty": r.number("repetition_penalty", base.repetition_penalty, lo=0.0, lo_open=True),
+        "noise_scale": r.number("noise_scale", base.noise_scale, lo=0.0, hi=10.0),
+    }
+    # accepted for compatibility, validated, no effect here (module docstring)
+    r.integer("batch_size", 1, lo=1, hi=1024)
+    r.number("batch_threshold", 0.75, lo=0.0, hi=1.0)
+    r.boolean("split_bucket", True)
+    r.boolean("parallel_infer", True)
+    r.integer("sample_steps", 32, lo=1, hi=256)
+    r.boolean("super_sampling", False)
+    r.integer("overlap_length", 2, lo=0, hi=100)
+    r.integer("min_chunk_length", 16, lo=1, hi=1000)
+    media_type = r.string("media_type", "wav", choices=media_types, lower=True)
+    mode = streaming_mode(r.raw("streaming_mode"))
+    params = make_params(base, **changes)
+    voice = resolve_ref(synth, config.voices.dir, ref)
+    for path in aux:
+        resolve_ref(synth, config.voices.dir, path, name="aux_ref_audio_paths")
+    return TtsRequest(text, voice, params, media_type, mode)
+
+
+async def respond(request: web.Request, tts: TtsRequest) -> web.StreamResponse:
+    """Run the request through the synthesizer and answer in its media type and streaming mode."""
+    synth = services_of(request).synthesizer
+    chunks = synth.stream(tts.text, tts.voice, tts.params)
+    content_type = "audio/mpeg" if tts.media_type == "mp3" else f"audio/{tts.media_type}"  # upstream's names
+    if tts.streaming_mode == 0:
+        return await whole_audio(request, chunks, tts.media_type, content_type=content_type)
+    return await stream_audio(request, chunks, tts.media_type, content_type=content_type)
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 that says what is wrong with it."""
+    raw = await request.read()
+    if not raw.strip():
+        raise ApiError(400, "the request body is empty: send a JSON object")
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e}): send a JSON object") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+async def _tts_get(request: web.Request) -> web.StreamResponse:
+    return await respond(request, parse_tts(request.query, services_of(request)))
+
+
+async def _tts_post(request: web.Request) -> web.StreamResponse:
+    return await respond(request, parse_tts(await read_json_object(request), services_of(request)))
+
+
+# ---- control endpoints -------------------------------------------------------------------------------------------
+
+async def _params_of(request: web.Request) -> Mapping[str, Any]:
+    return await read_json_object(request) if request.method == "POST" else request.query
+
+
+async def _control(request: web.Request) -> web.Response:
+    command = ParamReader(await _params_of(request)).string("command", choices=("restart", "exit"), lower=True,
+                                                           hint="restart or exit")
+    raise ApiError(501, f"/control?command={command} is not available here: this API runs inside voicebot "
+                        "(python -m bot serve|run); stop or restart that process with Ctrl+C or your service manager")
+
+
+async def _set_refer_audio(request: web.Request) -> web.Response:
+    raise ApiError(501, "/set_refer_audio is not available: voices are chosen per request here, so concurrent users "
+                        "never share one; pass ref_audio_path=<voice name> to /tts")
+
+
+def _weights(kind: str, configured: Path) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A ``/set_*_weights`` handler: success when the file is the one already loaded, else a clear 501."""
+
+    async def handler(request: web.Request) -> web.Response:
+        path = ParamReader(await _params_of(request)).string("weights_path", hint=f"the {kind} weights file")
+        given = Path(path.replace("\\", "/"))
+        same = given.name == configured.name or os.path.realpath(given) == os.path.realpath(configured)
+        if same:
+            return web.json_response({"message": "success"})
+        raise ApiError(501, f"switching {kind} weights at run time is not available here: set models.{kind} in "
+                            f"config.yaml to {path!r} and restart (loaded now: {configured.name})")
+
+    return handler
+
+
+def add_routes(app: web.Application, config: Config) -> None:
+    """Register ``/tts`` (GET, POST) and upstream's control endpoints."""
+    app.router.add_get("/tts", _tts_get, name="api_v2:tts_get")
+    app.router.add_post("/tts", _tts_post, name="api_v2:tts_post")
+    app.router.add_route("*", "/control", _control, name="api_v2:control")
+    app.router.add_route("*", "/set_refer_audio", _set_refer_audio, name="api_v2:set_refer_audio")
+    app.router.add_route("*", "/set_gpt_weights", _weights("gpt", config.models.gpt), name="api_v2:set_gpt_weights")
+    app.router.add_route("*", "/set_sovits_weights", _weights("sovits", config.models.sovits),
+                         name="api_v2:set_sovits_weights")

@@ -1,0 +1,58 @@
+"""SillyTavern's "GPT-SoVITS-V2" TTS provider: ``GET /speakers`` and ``POST /``.
+
+The provider (``public/scripts/extensions/tts/gpt-sovits-v2.js``) lists voices from ``/speakers`` as objects with
+``name`` and ``voice_id``, then posts api_v2-style JSON to ``/`` with ``ref_audio_path`` set to
+``./参考音频/<voice_id>.wav`` and ``prompt_text`` derived from the voice id, ``streaming_mode: "true"``,
+``media_type: "ogg"``. Here the file stem names the stored voice (its transcript is already stored, so the derived
+``prompt_text`` is ignored); the SillyTavern adapter's ``target_voice`` is accepted too. Everything else is parsed
+and streamed exactly as api_v2's ``/tts``. Its UI runs in the browser: allow its origin in ``http.cors_origins``.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Any
+
+from aiohttp import web
+
+from bot.http.api_v2 import lookup_voice, parse_tts, read_json_object, respond, voice_catalog
+from bot.http.responses import services_of
+
+MEDIA_TYPES = ("wav", "raw", "ogg", "aac", "mp3", "flac")  # what the provider's players can ask for
+AUTO_MEDIA_TYPE = "mp3"  # "auto" (the adapter's default): the format every browser plays
+
+
+def speakers(synth: Any) -> list[dict[str, str]]:
+    """The voice list in the provider's shape: ``name`` shown, ``voice_id`` sent back (the name, or the id when
+    names collide)."""
+    return [{"name": display, "voice_id": key} for key, display, _ in voice_catalog(synth)]
+
+
+async def _speakers(request: web.Request) -> web.Response:
+    return web.json_response(speakers(services_of(request).synthesizer))
+
+
+async def _generate(request: web.Request) -> web.StreamResponse:
+    services = services_of(request)
+    body = await read_json_object(request)
+    values: dict[str, Any] = dict(body)
+    ref = body.get("ref_audio_path")
+    if isinstance(ref, str) and lookup_voice(services.synthesizer, ref) is None:
+        stem = PurePosixPath(ref.replace("\\", "/")).stem
+        if lookup_voice(services.synthesizer, stem) is not None:
+            values["ref_audio_path"] = stem
+    elif ref is None:
+        for key in ("target_voice", "voice_id", "voice"):
+            if isinstance(body.get(key), str):
+                values["ref_audio_path"] = body[key]
+                break
+    values.setdefault("text_lang", "auto")
+    if isinstance(values.get("media_type"), str) and values["media_type"].strip().lower() == "auto":
+        values["media_type"] = AUTO_MEDIA_TYPE
+    return await respond(request, parse_tts(values, services, media_types=MEDIA_TYPES))
+
+
+def add_routes(app: web.Application) -> None:
+    """Register ``/speakers`` and ``POST /``."""
+    app.router.add_get("/speakers", _speakers, name="sillytavern:speakers")
+    app.router.add_post("/", _generate, name="sillytavern:generate")

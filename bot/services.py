@@ -1,0 +1,50 @@
+"""Building the long-lived services once, from the config, for every entry point (bot, HTTP API, CLI)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from bot.config import Config
+from engines import load_engine
+from synthesis.cache import SynthesisCache
+from synthesis.pipeline import Limits, Synthesizer
+from synthesis.types import SynthesisParams
+from synthesis.voices import VoiceStore
+
+if TYPE_CHECKING:
+    from bot.speech import SpeechService
+    from bot.store import Store
+
+log = logging.getLogger(__name__)
+
+MB = 1024 * 1024  # bytes
+
+
+@dataclass
+class Services:
+    config: Config
+    synthesizer: Synthesizer
+    store: "Store | None" = None
+    speech: "SpeechService | None" = None
+
+
+def default_params(config: Config) -> SynthesisParams:
+    s = config.synthesis
+    return SynthesisParams(language=s.language, top_k=s.top_k, top_p=s.top_p, temperature=s.temperature,
+                           repetition_penalty=s.repetition_penalty, speed=s.speed, noise_scale=s.noise_scale,
+                           seed=s.seed, split_method=s.split_method, fragment_interval=s.fragment_interval)
+
+
+def build_synthesizer(config: Config) -> Synthesizer:
+    """Load the engine (models from config) and open the voice store and caches."""
+    engine = load_engine(config.engine, config.models)
+    cache = SynthesisCache(config.cache.dir, config.cache.prosody_mb * MB, config.cache.audio_mb * MB)
+    voices = VoiceStore(config.voices.dir, cache=cache)
+    s, v = config.synthesis, config.voices
+    limits = Limits(queue_size=s.queue_size, deadline_s=s.deadline_s, stream_pause_s=s.stream_pause_s,
+                    stream_max_chars=s.stream_max_chars, max_text_chars=s.max_text_chars,
+                    max_upload_bytes=int(v.max_upload_mb * MB), max_upload_s=v.max_upload_s,
+                    min_speech_s=v.min_speech_s, max_speech_s=v.max_speech_s)
+    return Synthesizer(engine, voices, cache, defaults=default_params(config), limits=limits)

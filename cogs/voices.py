@@ -1,0 +1,631 @@
+"""``/voice ...`` and ``/forget-me``: enrol, clone (with an explicit consent step), choose, preview, share, delete.
+
+A voice belongs to the member who recorded it and agreed to the consent statement; server voices are voices a
+Manage Server member added for the whole guild. Deleting a voice, or ``/forget-me``, removes every derived byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import io
+import logging
+import random
+import re
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import discord
+import numpy as np
+from discord import app_commands
+
+from cogs.base import (
+    ReplyingCog,
+    describe_error,
+    UsageError,
+    find_voice,
+    guild_member,
+    is_admin,
+    send_ephemeral,
+    usable_voices,
+    voice_autocomplete,
+)
+from engines.base import SpeechError
+from synthesis.types import Voice
+
+if TYPE_CHECKING:
+    from bot.client import VoiceBot
+
+log = logging.getLogger(__name__)
+
+MB = 1024 * 1024  # bytes
+CONSENT_LABEL = "This is my own voice, or I have the speaker's permission"
+CONSENT_TIMEOUT_S = 180.0  # seconds the consent / confirm buttons wait for a click
+ENROLL_TTL_S = 3600.0  # seconds an /voice enroll sentence stays the pending transcript
+EDIT_INTERVAL_S = 1.0  # seconds between two progress edits of one message (Discord rate limits)
+PREVIEW_MAX_S = 15.0  # seconds of audio at most in a preview file
+MAX_NAME_CHARS = 32  # characters in a voice name
+MAX_TRANSCRIPT_CHARS = 500  # characters in a clip's transcript
+AUDIO_EXTENSIONS = frozenset(
+    {"wav", "wave", "mp3", "ogg", "oga", "opus", "flac", "m4a", "aac", "webm", "mp4", "mov", "mkv", "wma", "aiff",
+     "aif", "caf", "3gp", "amr"}
+)
+_NAME_RE = re.compile(r"^[\w][\w .'\-]*$")
+
+# Sentences to read for /voice enroll: varied sounds, 4-8 s at a relaxed pace.
+ENROLL_SENTENCES: dict[str, tuple[str, ...]] = {
+    "en": (
+        "On quiet evenings I like to cook something simple, open the window, and listen to the rain.",
+        "My favourite place is a small harbour town where the boats come back just before sunset.",
+        "Could you check whether the blue folder is still on the kitchen table? I think I left it there.",
+        "We packed three sandwiches, a warm jacket and a map, then started up the hill at nine.",
+    ),
+    "zh": (
+        "今天天气很好，我们一起去公园散步，顺便买一点新鲜的水果。",
+        "我每天早上七点起床，先喝一杯热茶，然后开始一天的工作。",
+    ),
+    "ja": (
+        "今日はとても良い天気なので、友達と一緒に公園を散歩しました。",
+        "毎朝七時に起きて、温かいお茶を飲んでから仕事を始めます。",
+    ),
+    "ko": ("오늘은 날씨가 좋아서 친구와 함께 공원을 산책했습니다.",),
+    "yue": ("今日天氣好好，我哋一齊去公園行下，順便買啲生果。",),
+}
+PREVIEW_SENTENCES: dict[str, str] = {
+    "en": "Hello! This is how I sound. Nice to meet you.",
+    "zh": "你好！这就是我的声音，很高兴认识你。",
+    "ja": "こんにちは！これが私の声です。よろしくお願いします。",
+    "ko": "안녕하세요! 제 목소리는 이렇습니다.",
+    "yue": "你好！呢個就係我把聲。",
+}
+LANGUAGE_CHOICES = [
+    app_commands.Choice(name=label, value=value)
+    for value, label in (
+        ("auto", "detect automatically"),
+        ("en", "English"),
+        ("zh", "Chinese (Mandarin)"),
+        ("ja", "Japanese"),
+        ("ko", "Korean"),
+        ("yue", "Cantonese"),
+    )
+]
+_STAGES = {
+    "decoding": "Preparing your clip…",
+    "encoding": "Encoding your voice…",
+    "storing": "Saving your voice…",
+    "done": "Voice saved.",
+}
+
+
+def consent_statement(server: bool) -> str:
+    """The exact words the member agrees to (stored with the voice)."""
+    whose = "a voice for this whole server" if server else "my voice"
+    return (
+        f"I confirm this recording is my own voice, or that I have the speaker's permission to clone it as {whose}. "
+        "I understand the bot will speak with it, and that I can delete it at any time with /voice delete."
+    )
+
+
+class ConfirmView(discord.ui.View):
+    """Two buttons only the invoking member may press; ``agreed`` is True, False (cancel) or None (timed out)."""
+
+    def __init__(self, user_id: int, confirm_label: str, *, danger: bool = False, timeout: float = CONSENT_TIMEOUT_S):
+        super().__init__(timeout=timeout)
+        self.user_id = user_id
+        self.agreed: bool | None = None
+        self.click: discord.Interaction | None = None
+        self.confirm.label = confirm_label
+        self.confirm.style = discord.ButtonStyle.danger if danger else discord.ButtonStyle.success
+
+    async def interaction_check(self, interaction: discord.Interaction) -> bool:
+        if interaction.user.id != self.user_id:
+            await interaction.response.send_message("Only the member who ran the command can answer this.", ephemeral=True)
+            return False
+        return True
+
+    @discord.ui.button(label="Confirm", style=discord.ButtonStyle.success)
+    async def confirm(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
+        self.agreed, self.click = True, interaction
+        self.stop()
+
+    @discord.ui.button(label="Cancel", style=discord.ButtonStyle.secondary)
+    async def cancel(self, interaction: discord.Interaction, button: discord.ui.Button) -> None:
+        self.agreed, self.click = False, interaction
+        self.stop()
+
+    async def settle(self, interaction: discord.Interaction, *, yes: str, no: str, timed_out: str) -> bool:
+        """Wait for the click, replace the buttons with the matching line; True when confirmed."""
+        await self.wait()
+        text = yes if self.agreed else no if self.agreed is False else timed_out
+        try:
+            if self.click is not None:
+                await self.click.response.edit_message(content=text, view=None)
+            else:
+                await interaction.edit_original_response(content=text, view=None)
+        except discord.HTTPException:
+            log.warning("could not update the confirmation message of /%s", interaction.command and interaction.command.name)
+        return bool(self.agreed)
+
+
+class ProgressMessage:
+    """Keeps the command's original response up to date with a long job, at most one edit per ``EDIT_INTERVAL_S``.
+
+    Lines are keyed (``"clone"``, ``"phrases"``) so later stages replace earlier text. :meth:`callback` makes a
+    ``(stage, fraction)`` progress function that may be called from any thread.
+    """
+
+    def __init__(self, interaction: discord.Interaction) -> None:
+        self._interaction = interaction
+        self._loop = asyncio.get_running_loop()
+        self._lines: dict[str, str] = {}
+        self._dirty = False
+        self._last_edit = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self.edits = 0
+
+    def set(self, key: str, text: str) -> None:
+        """Replace one line (call on the event loop)."""
+        if self._lines.get(key) == text:
+            return
+        self._lines[key] = text
+        self._dirty = True
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._flush())
+
+    def callback(self, key: str, render: Callable[[str, float], str]) -> Callable[[str, float], None]:
+        """A thread-safe progress callback that renders ``(stage, fraction)`` into line ``key``."""
+
+        def report(stage: str, fraction: float) -> None:
+            self._loop.call_soon_threadsafe(self.set, key, render(stage, fraction))
+
+        return report
+
+    async def _flush(self) -> None:
+        """Edit until no change is pending, spacing edits out."""
+        while self._dirty:
+            wait = self._last_edit + EDIT_INTERVAL_S - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._dirty = False
+            try:
+                await self._interaction.edit_original_response(content="\n".join(self._lines.values()))
+            except discord.HTTPException as e:  # the interaction token lasts 15 minutes
+                log.info("stopped updating a progress message: %s", e)
+                return
+            self.edits += 1
+            self._last_edit = time.monotonic()
+
+    async def drain(self) -> None:
+        """Wait until the latest text has been shown."""
+        while self._task is not None and not self._task.done():
+            await self._task
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self._lines.values())
+
+
+class VoiceCog(ReplyingCog):
+    """Voice enrolment, cloning, selection, sharing and deletion."""
+
+    voice = app_commands.Group(name="voice", description="Your cloned voices", guild_only=True)
+
+    def __init__(self, bot: VoiceBot) -> None:
+        super().__init__(bot)
+        self._pending: dict[int, tuple[str, str, float]] = {}  # user id -> (sentence, language, monotonic time)
+        self._background: set[asyncio.Task] = set()
+
+    # ---- enrol / clone -------------------------------------------------------------------------------------------
+
+    @voice.command(name="enroll", description="Get a sentence to read aloud for your voice recording")
+    @app_commands.describe(language="Language of the sentence")
+    @app_commands.choices(language=[c for c in LANGUAGE_CHOICES if c.value != "auto"])
+    async def enroll(self, interaction: discord.Interaction, language: str = "en") -> None:
+        """Give the member a sentence to record; it becomes the transcript of their next ``/voice clone``."""
+        sentence = random.choice(ENROLL_SENTENCES[language])
+        self._pending[interaction.user.id] = (sentence, language, time.monotonic())
+        await interaction.response.send_message(
+            "Record yourself reading this sentence in a quiet room, naturally, 3 to 10 seconds:\n"
+            f"> {sentence}\n"
+            "Then upload the recording with `/voice clone` (within an hour; I will use this sentence as its "
+            "transcript).",
+            ephemeral=True,
+        )
+
+    def _pending_sentence(self, user_id: int) -> tuple[str, str] | None:
+        """The member's unexpired enrolment sentence and its language."""
+        entry = self._pending.get(user_id)
+        if entry is None or time.monotonic() - entry[2] > ENROLL_TTL_S:
+            self._pending.pop(user_id, None)
+            return None
+        return entry[0], entry[1]
+
+    @voice.command(name="clone", description="Clone a voice from a short recording (3-10 s of speech)")
+    @app_commands.describe(
+        clip="A recording of the voice: 3-10 s of clear speech (wav, mp3, ogg, m4a, flac, webm)",
+        transcript="What is said in the clip (better quality); /voice enroll gives you a sentence to read",
+        language="Language spoken in the clip",
+        name="A name for the voice (default: your name)",
+        server="Add it as a voice for the whole server (needs Manage Server)",
+    )
+    @app_commands.choices(language=LANGUAGE_CHOICES)
+    async def clone(
+        self,
+        interaction: discord.Interaction,
+        clip: discord.Attachment,
+        transcript: str | None = None,
+        language: str = "auto",
+        name: str | None = None,
+        server: bool = False,
+    ) -> None:
+        """Check everything that can be checked without the file, ask for consent, then download and clone."""
+        guild, member = guild_member(interaction)
+        await self._check_may_clone(interaction, guild, member, server)
+        limit_mb = self.services.config.discord.max_attachment_mb
+        if clip.size > limit_mb * MB:
+            raise UsageError(
+                f"That file is {clip.size / MB:.1f} MB; the limit is {limit_mb:g} MB. Upload 3-10 s of speech "
+                "(a short clip is well under 1 MB)."
+            )
+        _check_audio_type(clip)
+        voice_name = _clean_name(name or member.display_name)
+        if any(v.name.lower() == voice_name.lower() for v in self.services.synthesizer.voices.list(owner_id=member.id)):
+            raise UsageError(
+                f"You already have a voice called {voice_name!r}: pick another name with the name option, or "
+                f"remove the old one with /voice delete."
+            )
+        if transcript is not None and len(transcript) > MAX_TRANSCRIPT_CHARS:
+            raise UsageError(f"The transcript is {len(transcript)} characters; keep it under {MAX_TRANSCRIPT_CHARS}.")
+        pending = self._pending_sentence(member.id)
+        if pending is not None and language == "auto":
+            language = pending[1]
+
+        statement = consent_statement(server)
+        view = ConfirmView(member.id, CONSENT_LABEL)
+        await interaction.response.send_message(
+            f"Before I clone **{voice_name}** from `{clip.filename}`:\n> {statement}\n"
+            "Nothing is downloaded until you agree.",
+            view=view,
+            ephemeral=True,
+        )
+        agreed = await view.settle(
+            interaction,
+            yes="Thank you, consent recorded. Preparing your clip…",
+            no="Cancelled; nothing was downloaded.",
+            timed_out="No answer, so nothing was downloaded. Run /voice clone again when you are ready.",
+        )
+        if not agreed:
+            return
+        consent = {
+            "user_id": member.id,
+            "guild_id": guild.id,
+            "statement": statement,
+            "at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "interaction_id": interaction.id,
+            "clip": clip.filename,
+            "clip_bytes": clip.size,
+            "server_voice": server,
+        }
+        progress = ProgressMessage(interaction)
+        progress.set("clone", "Thank you, consent recorded. Downloading your clip…")
+        try:
+            await self._download_and_clone(interaction, clip, voice_name, member, guild, consent, progress,
+                                           transcript=transcript, language=language, server=server, pending=pending)
+        except Exception as e:  # the answer replaces the progress message rather than arriving beside it
+            message, unexpected = describe_error(e)
+            if unexpected:
+                log.error("/voice clone failed", exc_info=e)
+            progress.set("clone", message)
+            await progress.drain()
+
+    async def _download_and_clone(
+        self,
+        interaction: discord.Interaction,
+        clip: discord.Attachment,
+        voice_name: str,
+        member: discord.Member,
+        guild: discord.Guild,
+        consent: dict,
+        progress: ProgressMessage,
+        *,
+        transcript: str | None,
+        language: str,
+        server: bool,
+        pending: tuple[str, str] | None,
+    ) -> None:
+        """After consent: download, create the voice, record consent, start the phrase precompute."""
+        limit_mb = self.services.config.discord.max_attachment_mb
+        data = await clip.read()
+        if len(data) > limit_mb * MB:  # the metadata said otherwise; never hand an oversized file on
+            raise UsageError(f"That file is larger than {limit_mb:g} MB; upload a shorter clip.")
+        voice, warnings = await self.services.synthesizer.create_voice(
+            voice_name,
+            data,
+            clip.filename,
+            owner_id=member.id,
+            transcript=transcript,
+            language=language,
+            consent=consent,
+            enrollment_prompt=pending[0] if pending else None,
+            progress=progress.callback("clone", lambda stage, frac: _STAGES.get(stage, f"{stage.capitalize()}…")),
+        )
+        self._pending.pop(member.id, None)
+        await self.store.record_consent(voice.id, member.id, consent["statement"])
+        if server:
+            await self.store.add_guild_voice(guild.id, voice.id, member.id)
+        settings = await self.store.user_settings(member.id, guild.id)
+        if settings["voice"] is None and not server:
+            await self.store.set_user_setting(member.id, "voice", voice.id)
+        where = "a server voice here" if server else "your voice"
+        lines = [f"**{voice.name}** is ready as {where}. Hear it with `/voice preview {voice.name}`."]
+        lines += [f"Note: {w}" for w in warnings]
+        progress.set("clone", "\n".join(lines))
+        await self._precompute_with_progress(guild.id, voice, progress)
+
+    async def _check_may_clone(
+        self, interaction: discord.Interaction, guild: discord.Guild, member: discord.Member, server: bool
+    ) -> None:
+        """The guild's cloning switch and role, and Manage Server for server voices (admins always may)."""
+        if server and not is_admin(interaction):
+            raise UsageError(
+                "Only members with Manage Server can add server voices; leave the server option off to clone your "
+                "own voice."
+            )
+        if is_admin(interaction):
+            return
+        settings = await self.store.guild_settings(guild.id)
+        if not settings["cloning_enabled"]:
+            raise UsageError(
+                "Voice cloning is turned off in this server; a server admin can turn it on with "
+                "`/set guild cloning_enabled true`."
+            )
+        role_id = settings["clone_role"]
+        if role_id is not None and member.get_role(role_id) is None:
+            role = guild.get_role(role_id)
+            raise UsageError(
+                f"Cloning here needs the {role.mention if role else 'configured'} role; ask a server admin for it."
+            )
+
+    async def _precompute_with_progress(self, guild_id: int, voice: Voice, progress: ProgressMessage) -> None:
+        """Start the background precompute of the common and the guild's phrases, shown as ``n/m``."""
+        phrases = list(dict.fromkeys([*self.services.config.phrases, *await self.store.phrases(guild_id)]))
+        if not phrases:
+            return
+        total = len(phrases)
+        progress.set("phrases", f"Precomputing common phrases 0/{total}…")
+        render = lambda stage, frac: f"Precomputing common phrases {round(frac * total)}/{total}…"  # noqa: E731
+        task = self.services.synthesizer.precompute(voice, phrases, progress=progress.callback("phrases", render))
+
+        def done(t: asyncio.Task) -> None:
+            self._background.discard(t)
+            if t.cancelled():
+                progress.set("phrases", "Precomputing common phrases was stopped.")
+            elif t.exception() is not None:
+                log.error("precompute for voice %s failed", voice.id, exc_info=t.exception())
+                progress.set("phrases", "Precomputing common phrases failed (logged); speech still works.")
+            else:
+                progress.set("phrases", f"Common phrases ready ({total}/{total}).")
+
+        self._background.add(task)
+        task.add_done_callback(done)
+
+    # ---- choose / preview / list ---------------------------------------------------------------------------------
+
+    async def _voice_name_autocomplete(self, interaction: discord.Interaction, current: str):
+        return await voice_autocomplete(self.services, interaction, current)
+
+    async def _own_voice_autocomplete(self, interaction: discord.Interaction, current: str):
+        return await voice_autocomplete(self.services, interaction, current, own=True)
+
+    @voice.command(name="use", description="Speak with this voice from now on")
+    @app_commands.describe(name="One of your voices, a server voice, or a voice shared here")
+    @app_commands.autocomplete(name=_voice_name_autocomplete)
+    async def use(self, interaction: discord.Interaction, name: str) -> None:
+        guild, member = guild_member(interaction)
+        choice = await find_voice(self.services, guild.id, member.id, name)
+        if choice.kind == "yours":  # your own voice follows you to every server...
+            await self.store.set_user_setting(member.id, "voice", choice.voice.id)
+            await self.store.set_user_setting(member.id, "voice", None, guild_id=guild.id)
+        else:  # ...a server or shared voice only exists here
+            await self.store.set_user_setting(member.id, "voice", choice.voice.id, guild_id=guild.id)
+        await send_ephemeral(interaction, f"You now speak as **{choice.voice.name}** ({choice.kind}).")
+
+    @voice.command(name="preview", description="Hear a voice: in the voice channel, or as a short file")
+    @app_commands.describe(name="The voice (default: the one you speak with)")
+    @app_commands.autocomplete(name=_voice_name_autocomplete)
+    async def preview(self, interaction: discord.Interaction, name: str | None = None) -> None:
+        guild, member = guild_member(interaction)
+        if name:
+            voice = (await find_voice(self.services, guild.id, member.id, name)).voice
+        else:
+            voice = await self._current_voice(guild, member)
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        lang = voice.language if voice.language in PREVIEW_SENTENCES else "en"
+        sample = PREVIEW_SENTENCES[lang]
+        speech = self.services.speech
+        channel = member.voice.channel if member.voice is not None else None
+        speaker = speech.speaker(guild.id) if speech is not None else None
+        if speaker is not None and speaker.is_connected and channel is not None and speaker.channel is not None \
+                and speaker.channel.id == channel.id:  # we share a voice channel: say it there
+            await speech.say(guild, member, sample, source="slash", voice=voice)
+            await send_ephemeral(interaction, f"Speaking a sample in **{voice.name}** in {channel.mention}.")
+            return
+        data = await self._render_preview(sample, voice)
+        await interaction.followup.send(
+            f"**{voice.name}** says: {sample}",
+            file=discord.File(io.BytesIO(data), filename=f"{_file_stem(voice.name)}.wav"),
+            ephemeral=True,
+        )
+
+    async def _current_voice(self, guild: discord.Guild, member: discord.Member) -> Voice:
+        """The voice the member speaks with here, as the speech service chooses it."""
+        if self.services.speech is None:
+            raise UsageError("Speech is not running in this process; name a voice.")
+        return await self.services.speech.resolve_voice(guild, member)
+
+    async def _render_preview(self, text: str, voice: Voice) -> bytes:
+        """Synthesize ``text`` (at most ``PREVIEW_MAX_S``) into a 16-bit WAV file."""
+        pieces: list[np.ndarray] = []
+        total = 0
+        rate = 32000
+        stream = self.services.synthesizer.stream(text, voice)
+        try:
+            async for chunk in stream:
+                rate = chunk.sample_rate
+                pieces.append(chunk.to_int16())
+                total += chunk.audio.size
+                if total >= PREVIEW_MAX_S * rate:
+                    break
+        finally:
+            await stream.aclose()
+        audio = np.concatenate(pieces)[: int(PREVIEW_MAX_S * rate)] if pieces else np.zeros(0, np.int16)
+        return _wav_bytes(audio, rate)
+
+    @voice.command(name="list", description="The voices you can use here")
+    async def list_voices(self, interaction: discord.Interaction) -> None:
+        guild, member = guild_member(interaction)
+        choices = await usable_voices(self.services, guild.id, member.id)
+        if not choices:
+            await send_ephemeral(
+                interaction, "No voices yet: record yours with /voice enroll and /voice clone."
+            )
+            return
+        try:
+            current = (await self._current_voice(guild, member)).id
+        except SpeechError:
+            current = None
+        shared_here = set(await self.store.shared_voices(guild.id))
+        lines = []
+        for c in choices:
+            notes = [c.kind]
+            if c.kind == "yours" and c.voice.id in shared_here:
+                notes.append("shared here")
+            mark = " ← you speak with this" if c.voice.id == current else ""
+            lines.append(f"• **{c.voice.name}** ({', '.join(notes)}){mark}")
+        await send_ephemeral(interaction, "\n".join(lines)[:2000])
+
+    # ---- share / delete ------------------------------------------------------------------------------------------
+
+    @voice.command(name="share", description="Let this server's members use one of your voices")
+    @app_commands.autocomplete(name=_own_voice_autocomplete)
+    async def share(self, interaction: discord.Interaction, name: str) -> None:
+        guild, member = guild_member(interaction)
+        voice = (await find_voice(self.services, guild.id, member.id, name, own=True)).voice
+        if await self.store.share_voice(voice.id, guild.id, member.id):
+            await send_ephemeral(interaction, f"**{voice.name}** is now shared with this server; undo with /voice unshare.")
+        else:
+            await send_ephemeral(interaction, f"**{voice.name}** was already shared with this server.")
+
+    @voice.command(name="unshare", description="Stop sharing one of your voices with this server")
+    @app_commands.autocomplete(name=_own_voice_autocomplete)
+    async def unshare(self, interaction: discord.Interaction, name: str) -> None:
+        guild, member = guild_member(interaction)
+        voice = (await find_voice(self.services, guild.id, member.id, name, own=True)).voice
+        if await self.store.unshare_voice(voice.id, guild.id):
+            await send_ephemeral(interaction, f"**{voice.name}** is no longer shared with this server.")
+        else:
+            await send_ephemeral(interaction, f"**{voice.name}** was not shared with this server.")
+
+    @voice.command(name="delete", description="Delete one of your voices (or remove a server voice, as an admin)")
+    @app_commands.autocomplete(name=_voice_name_autocomplete)
+    async def delete(self, interaction: discord.Interaction, name: str) -> None:
+        guild, member = guild_member(interaction)
+        choice = await find_voice(self.services, guild.id, member.id, name)
+        voice = choice.voice
+        if voice.owner_id != member.id:
+            if choice.kind == "server" and is_admin(interaction):
+                await self.store.remove_guild_voice(guild.id, voice.id)
+                await send_ephemeral(
+                    interaction, f"**{voice.name}** is no longer a server voice here (its owner keeps it)."
+                )
+                return
+            raise UsageError(
+                f"**{voice.name}** belongs to someone else; only its owner can delete it. "
+                "Pick another voice with /voice use."
+            )
+        view = ConfirmView(member.id, "Delete it", danger=True)
+        await interaction.response.send_message(
+            f"Delete **{voice.name}** for good? Its recording, its encodings and every cached sentence in it are "
+            "removed, in every server.",
+            view=view,
+            ephemeral=True,
+        )
+        if not await view.settle(
+            interaction, yes=f"Deleting **{voice.name}**…", no="Kept; nothing was deleted.",
+            timed_out="No answer, so nothing was deleted.",
+        ):
+            return
+        await self.services.synthesizer.delete_voice(voice.id)
+        await self.store.forget_voice(voice.id)
+        await interaction.edit_original_response(content=f"**{voice.name}** is deleted, with everything derived from it.")
+
+    @app_commands.command(name="forget-me", description="Delete all your voices, settings and records everywhere")
+    async def forget_me(self, interaction: discord.Interaction) -> None:
+        user_id = interaction.user.id
+        voices = self.services.synthesizer.voices.list(owner_id=user_id)
+        view = ConfirmView(user_id, "Forget me", danger=True)
+        await interaction.response.send_message(
+            f"This deletes your {len(voices)} voice(s), your settings, nicknames and consent records in every "
+            "server, and cannot be undone.",
+            view=view,
+            ephemeral=True,
+        )
+        if not await view.settle(
+            interaction, yes="Forgetting you…", no="Cancelled; nothing was deleted.",
+            timed_out="No answer, so nothing was deleted.",
+        ):
+            return
+        for voice in voices:
+            await self.services.synthesizer.delete_voice(voice.id)
+        counts = await self.store.forget_user(user_id, [v.id for v in voices])
+        self._pending.pop(user_id, None)
+        await interaction.edit_original_response(
+            content=f"Done: {len(voices)} voice(s) and {sum(counts.values())} stored record(s) about you are deleted."
+        )
+
+    async def cog_unload(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+
+
+def _check_audio_type(clip: discord.Attachment) -> None:
+    """Refuse files that are plainly not recordings, from the metadata alone."""
+    ext = clip.filename.rsplit(".", 1)[-1].lower() if "." in clip.filename else ""
+    ctype = (clip.content_type or "").split(";")[0].strip().lower()
+    if ctype.startswith(("audio/", "video/")) or (not ctype and ext in AUDIO_EXTENSIONS) or (
+        ctype == "application/octet-stream" and ext in AUDIO_EXTENSIONS
+    ):
+        return
+    raise UsageError(
+        f"`{clip.filename}` ({ctype or 'unknown type'}) is not a recording; upload an audio file "
+        "(wav, mp3, ogg, m4a, flac or webm) with 3-10 s of speech."
+    )
+
+
+def _clean_name(name: str) -> str:
+    """A voice name: trimmed, single-spaced, 1-32 word characters, spaces, dots, dashes or apostrophes."""
+    name = " ".join(name.split())[:MAX_NAME_CHARS]
+    if not name or not _NAME_RE.match(name):
+        raise UsageError(
+            f"{name!r} can't be a voice name: use 1-{MAX_NAME_CHARS} letters, digits, spaces, dots or dashes."
+        )
+    return name
+
+
+def _file_stem(name: str) -> str:
+    """A safe file name stem."""
+    return re.sub(r"[^\w\-]+", "_", name).strip("_") or "voice"
+
+
+def _wav_bytes(audio: np.ndarray, rate: int) -> bytes:
+    """``[N]`` int16 mono -> a WAV file."""
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, audio, rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+async def setup(bot: VoiceBot) -> None:
+    await bot.add_cog(VoiceCog(bot))

@@ -1,0 +1,397 @@
+"""The GPT-SoVITS v2 GPT (upstream ``Text2SemanticDecoder``) with a preallocated, slot-addressed KV cache.
+
+Maths as upstream (reference section 5): text embedding + BERT projection + alpha-scaled interleaved sin/cos
+positions, prompt-token embedding with its own positions (both streams start at 0), a post-LN transformer whose
+text part is bidirectional and whose audio part is causal, and a bias-free head over 1025 tokens (1024 codes + EOS).
+
+What differs from upstream is the cache. The model owns one static buffer per layer, ``[2, slots, heads, max_len,
+head_dim]`` (K and V), sized once by :meth:`Text2SemanticModel.setup_caches`. A *slot* is one request's row: it is
+filled by :meth:`~Text2SemanticModel.prefill` and then grows by one position per :meth:`~Text2SemanticModel.decode_step`.
+Rows keep their own lengths, so requests at different positions decode together and a new request can join a free
+slot between steps (continuous batching). Writes go by index; nothing is concatenated. A decode step attends over a
+bucketed prefix of the cache (``kv_len``), with a per-row mask beyond each row's length; its shapes depend only on
+(rows, ``kv_len``), and it never syncs with the host, so it can be captured in a CUDA graph per bucket.
+
+Precision: fp32 on CPU. On GPU the transformer's linear weights and the cache may be fp16/bf16, while the residual
+stream, layer-norm statistics, embeddings and the output head (hence the logits) stay fp32: half-precision logits are
+known to make GPT-SoVITS stop early.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engines.base import BERT_DIM, EOS_TOKEN, ModelFormatError
+from engines.gpt_sovits.checkpoint import GptCheckpoint
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GptConfig", "Text2SemanticModel", "build_random_gpt", "KV_BUCKET"]
+
+PE_POSITIONS = 4000  # rows of the precomputed sinusoid table (upstream's default size)
+KV_BUCKET = 64  # decode attends over the cache prefix rounded up to a multiple of this many positions
+LN_EPS = 1e-5  # layer-norm epsilon (torch TransformerEncoderLayer default, as upstream)
+REAL_V2 = dict(dim=512, heads=16, layers=24)  # released v2 sizes (s1longer-v2.yaml)
+TINY = dict(dim=96, heads=4, layers=3)  # the golden test model's sizes
+
+
+@dataclass(frozen=True)
+class GptConfig:
+    """Architecture of a Text2SemanticDecoder (the ``model`` section of the checkpoint's YAML)."""
+
+    dim: int = 512  # embedding_dim = hidden_dim
+    heads: int = 16
+    layers: int = 24
+    phoneme_vocab: int = 732  # phoneme_vocab_size (v2)
+    vocab: int = 1025  # vocab_size: 1024 semantic codes + EOS
+    eos: int = EOS_TOKEN
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    @property
+    def ffn(self) -> int:
+        return 4 * self.dim  # upstream ignores linear_units and uses 4x hidden
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> GptConfig:
+        """Read the checkpoint's YAML dict (with or without the outer ``model`` key)."""
+        m = config.get("model", config)
+        try:
+            cfg = cls(
+                dim=int(m["embedding_dim"]),
+                heads=int(m["head"]),
+                layers=int(m["n_layer"]),
+                phoneme_vocab=int(m["phoneme_vocab_size"]),
+                vocab=int(m["vocab_size"]),
+                eos=int(m.get("EOS", int(m["vocab_size"]) - 1)),
+            )
+        except KeyError as e:
+            raise ModelFormatError(f"GPT config lacks model.{e.args[0]}; the checkpoint is incomplete.") from None
+        if cfg.dim % cfg.heads or cfg.eos != cfg.vocab - 1:
+            raise ModelFormatError(
+                f"GPT config is inconsistent (embedding_dim {cfg.dim}, head {cfg.heads}, EOS {cfg.eos}, "
+                f"vocab_size {cfg.vocab}); use an unmodified GPT-SoVITS v2 checkpoint."
+            )
+        return cfg
+
+
+def _sine_table(positions: int, dim: int) -> torch.Tensor:
+    """Upstream's interleaved sinusoid table ``[positions, dim]`` fp32: even columns sin, odd columns cos."""
+    pos = torch.arange(0, positions, dtype=torch.float32).unsqueeze(1)
+    div = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * -(math.log(10000.0) / dim))
+    pe = torch.zeros(positions, dim)
+    pe[:, 0::2] = torch.sin(pos * div)
+    pe[:, 1::2] = torch.cos(pos * div)
+    return pe
+
+
+class _TokenEmbedding(nn.Module):
+    """Holds ``word_embeddings`` under upstream's parameter name."""
+
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(vocab, dim)
+
+
+class _Position(nn.Module):
+    """Holds the learned positional scale ``alpha`` under upstream's parameter name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(1))
+
+
+class _Attention(nn.Module):
+    """Fused QKV projection and output projection (upstream: ``self_attn.in_proj_*``, ``self_attn.out_proj``)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.in_proj = nn.Linear(dim, 3 * dim)
+        self.out_proj = nn.Linear(dim, dim)
+
+
+class _Block(nn.Module):
+    """One post-LN transformer layer's parameters."""
+
+    def __init__(self, dim: int, ffn: int) -> None:
+        super().__init__()
+        self.self_attn = _Attention(dim)
+        self.linear1 = nn.Linear(dim, ffn)
+        self.linear2 = nn.Linear(ffn, dim)
+        self.norm1 = nn.LayerNorm(dim, eps=LN_EPS)
+        self.norm2 = nn.LayerNorm(dim, eps=LN_EPS)
+
+
+class _Stack(nn.Module):
+    """Holds ``layers`` under upstream's name ``h``."""
+
+    def __init__(self, cfg: GptConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Block(cfg.dim, cfg.ffn) for _ in range(cfg.layers))
+
+
+class Text2SemanticModel(nn.Module):
+    """The v2 GPT with a static, slot-addressed KV cache.
+
+    Parameters
+    ----------
+    config:
+        architecture; :meth:`from_checkpoint` reads it from the file.
+
+    Notes
+    -----
+    Call :meth:`setup_caches` before :meth:`prefill` / :meth:`decode_step`. Run under ``torch.inference_mode()``.
+    """
+
+    def __init__(self, config: GptConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.dim
+        self.bert_proj = nn.Linear(BERT_DIM, d)
+        self.ar_text_embedding = _TokenEmbedding(config.phoneme_vocab, d)
+        self.ar_text_position = _Position()
+        self.ar_audio_embedding = _TokenEmbedding(config.vocab, d)
+        self.ar_audio_position = _Position()
+        self.h = _Stack(config)
+        self.ar_predict_layer = nn.Linear(d, config.vocab, bias=False)
+        self.register_buffer("pe", _sine_table(PE_POSITIONS, d), persistent=False)  # [P, D] fp32
+        self.compute_dtype = torch.float32  # dtype of the transformer's linear weights and of the KV cache
+        self.quantized = False
+        # Static decode state, allocated by setup_caches.
+        self.kv: list[torch.Tensor] = []  # per layer [2, slots, H, max_len, hd] compute dtype
+        self.text_len = torch.zeros(0, dtype=torch.long)  # [slots] text positions of each slot's prefill
+        self._rows = torch.zeros(0, dtype=torch.long)  # [slots] 0..slots-1, to address rows without host work
+        self._cols = torch.zeros(0, dtype=torch.long)  # [max_len] 0..max_len-1, for length masks
+        self.max_slots = 0
+        self.max_len = 0
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_checkpoint(
+        cls, ckpt: GptCheckpoint, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ) -> Text2SemanticModel:
+        """Build the model from a loaded checkpoint (strict: every tensor must match by name and shape).
+
+        Parameters
+        ----------
+        ckpt: from :func:`engines.gpt_sovits.checkpoint.load_gpt_checkpoint`.
+        device: ``"cpu"``, ``"cuda:0"``...
+        dtype: weight/cache precision of the transformer layers; fp32 on CPU, fp16/bf16 allowed on CUDA.
+        """
+        model = cls(GptConfig.from_dict(ckpt.config))
+        model.load_upstream_state_dict(ckpt.state_dict)
+        return model.to_device(device, dtype)
+
+    def load_upstream_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load upstream-named weights (``model.`` prefix already stripped), cast to fp32, strictly."""
+        renamed: dict[str, torch.Tensor] = {}
+        for name, t in state_dict.items():
+            name = name.replace("self_attn.in_proj_weight", "self_attn.in_proj.weight")
+            name = name.replace("self_attn.in_proj_bias", "self_attn.in_proj.bias")
+            renamed[name] = t.float()
+        own = self.state_dict()
+        missing = sorted(set(own) - set(renamed))
+        unexpected = sorted(set(renamed) - set(own))
+        wrong = [f"{k}: file {tuple(renamed[k].shape)} vs model {tuple(own[k].shape)}"
+                 for k in own if k in renamed and renamed[k].shape != own[k].shape]
+        if missing or unexpected or wrong:
+            raise ModelFormatError(
+                "GPT checkpoint does not match its own config "
+                f"(missing {missing[:4]}, unexpected {unexpected[:4]}, mismatched {wrong[:4]}); "
+                "the file is damaged or not a GPT-SoVITS v2 GPT."
+            )
+        self.load_state_dict(renamed, strict=True)
+
+    def to_device(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> Text2SemanticModel:
+        """Move to ``device``; transformer linears (and later the cache) in ``dtype``, the rest fp32."""
+        device = torch.device(device)
+        if device.type == "cpu" and dtype != torch.float32:
+            raise ValueError(f"CPU runs the GPT in fp32 only, got {dtype}; use dtype=torch.float32.")
+        self.to(device=device, dtype=torch.float32)
+        for blk in self.h.layers:
+            for lin in (blk.self_attn.in_proj, blk.self_attn.out_proj, blk.linear1, blk.linear2):
+                lin.to(dtype=dtype)
+        self.compute_dtype = dtype
+        self.eval()
+        self.requires_grad_(False)
+        self.kv = []
+        self.max_slots = self.max_len = 0
+        return self
+
+    def quantize_int8(self) -> Text2SemanticModel:
+        """Opt-in CPU speed path: dynamic int8 quantisation of the transformer's linear layers.
+
+        Weights become int8 per output channel, activations are quantised per step; embeddings, norms and the output
+        head stay fp32. Greedy tokens can differ from fp32 where the top-2 logit gap is small.
+        """
+        if self.pe.device.type != "cpu":
+            raise ValueError("int8 quantisation is a CPU path; move the model to CPU first.")
+        self.h = torch.ao.quantization.quantize_dynamic(self.h, {nn.Linear}, dtype=torch.qint8)
+        self.quantized = True
+        return self
+
+    # ------------------------------------------------------------------ cache
+
+    def setup_caches(self, max_slots: int, max_len: int) -> None:
+        """Allocate the static KV cache: per layer ``[2, max_slots, heads, max_len, head_dim]``.
+
+        Reallocates only when a larger size is asked for; contents are not preserved then.
+        """
+        if self.kv and max_slots <= self.max_slots and max_len <= self.max_len:
+            return
+        max_slots, max_len = max(max_slots, self.max_slots), max(max_len, self.max_len)
+        cfg, dev = self.config, self.pe.device
+        self.kv = []  # free the old buffers before allocating the new ones
+        self.kv = [
+            torch.zeros(2, max_slots, cfg.heads, max_len, cfg.head_dim, dtype=self.compute_dtype, device=dev)
+            for _ in range(cfg.layers)
+        ]
+        self.text_len = torch.zeros(max_slots, dtype=torch.long, device=dev)
+        self._rows = torch.arange(max_slots, device=dev)
+        self._cols = torch.arange(max_len, device=dev)
+        if max_len > self.pe.shape[0]:
+            self.pe = _sine_table(max_len, cfg.dim).to(dev)
+        self.max_slots, self.max_len = max_slots, max_len
+        log.debug("GPT KV cache: %d slots x %d positions (%s)", max_slots, max_len, self.compute_dtype)
+
+    # ------------------------------------------------------------------ embeddings
+
+    def embed_text(self, phones: torch.Tensor, bert: torch.Tensor) -> torch.Tensor:
+        """Text stream input: ``[B, Tx]`` phone ids + ``[B, 1024, Tx]`` BERT -> ``[B, Tx, D]`` fp32."""
+        x = self.ar_text_embedding.word_embeddings(phones) + self.bert_proj(bert.float().transpose(1, 2))
+        return x + self.ar_text_position.alpha * self.pe[: x.shape[1]]
+
+    def embed_prompt(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Audio stream input for the prompt: ``[B, Tp]`` token ids -> ``[B, Tp, D]`` fp32 (positions from 0)."""
+        y = self.ar_audio_embedding.word_embeddings(tokens)
+        return y + self.ar_audio_position.alpha * self.pe[: y.shape[1]]
+
+    # ------------------------------------------------------------------ forward passes
+
+    def _norm(self, x: torch.Tensor, ln: nn.LayerNorm) -> torch.Tensor:
+        """Layer norm with fp32 statistics."""
+        return F.layer_norm(x.float(), ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+
+    def _ffn(self, blk: _Block, x: torch.Tensor) -> torch.Tensor:
+        """ReLU MLP in the compute dtype; ``x`` is the fp32 residual stream."""
+        return blk.linear2(F.relu(blk.linear1(x.to(self.compute_dtype))))
+
+    def prefill(self, slot: int, phones: torch.Tensor, bert: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+        """Run the whole input of one request and write its K/V into cache row ``slot``.
+
+        Parameters
+        ----------
+        slot: cache row to fill (``0 <= slot < max_slots``).
+        phones: ``[Tx]`` int64 phone ids (prompt phones + target phones).
+        bert: ``[1024, Tx]`` float BERT features.
+        prompt: ``[Tp]`` int64 prompt semantic tokens (may be empty: reference-free).
+
+        Returns
+        -------
+        ``[vocab]`` fp32 logits for the first generated token. The row's length is now ``Tx + Tp``.
+        """
+        tx, tp = int(phones.shape[0]), int(prompt.shape[0])
+        s = tx + tp
+        if not self.kv:
+            raise RuntimeError("setup_caches() must be called before prefill()")
+        if s > self.max_len or not 0 <= slot < self.max_slots:
+            raise ValueError(f"prefill of {s} positions into slot {slot} exceeds the cache {self.max_slots}x{self.max_len}")
+        dev = self.pe.device
+        x = self.embed_text(phones.to(dev)[None], bert.to(dev)[None])  # [1, Tx, D]
+        if tp:
+            x = torch.cat([x, self.embed_prompt(prompt.to(dev)[None])], dim=1)  # [1, S, D]
+        # True = may attend: every row sees all text; audio rows also see audio causally; text never sees audio.
+        allowed = torch.ones(s, s, dtype=torch.bool, device=dev).tril_()
+        allowed[:, :tx] = True
+        cfg = self.config
+        h = x  # [1, S, D] fp32 residual stream
+        n_layers = len(self.h.layers)
+        for i, blk in enumerate(self.h.layers):
+            qkv = blk.self_attn.in_proj(h.to(self.compute_dtype))  # [1, S, 3D]
+            q, k, v = qkv.view(s, 3, cfg.heads, cfg.head_dim).permute(1, 2, 0, 3).unbind(0)  # [H, S, hd] each
+            self.kv[i][0, slot, :, :s] = k
+            self.kv[i][1, slot, :, :s] = v
+            mask = allowed
+            if i == n_layers - 1:  # only the last position's output feeds the logits
+                q, h, mask = q[:, -1:], h[:, -1:], allowed[-1:]
+            a = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask)  # [1, H, s', hd]
+            a = blk.self_attn.out_proj(a.transpose(1, 2).reshape(1, -1, cfg.dim))
+            h = self._norm(h + a.float(), blk.norm1)
+            h = self._norm(h + self._ffn(blk, h).float(), blk.norm2)
+        self.text_len[slot] = tx
+        return self.ar_predict_layer(h[0, -1])
+
+    def decode_step(
+        self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None = None, kv_len: int = 0
+    ) -> torch.Tensor:
+        """One token for each of ``B`` rows; shapes depend only on (B, kv_len), no host sync (CUDA-graph safe).
+
+        Parameters
+        ----------
+        tokens: ``[B]`` int64, the previous token of each row.
+        positions: ``[B]`` int64, each row's current length = the cache index this token is written to.
+        slots: ``[B]`` int64 cache rows; ``None`` means rows ``0..B-1`` (fast: the cache is read as a view).
+        kv_len: attend over cache positions ``[0, kv_len)``; must exceed every ``positions`` entry.
+            Bucket it (see :data:`KV_BUCKET`); ``0`` means the full cache.
+
+        Returns
+        -------
+        ``[B, vocab]`` fp32 logits.
+        """
+        cfg = self.config
+        b = tokens.shape[0]
+        kv_len = kv_len or self.max_len
+        rows = self._rows[:b] if slots is None else slots
+        pe_pos = (positions - self.text_len[rows]).clamp_(min=0)  # token index in the audio stream
+        h = self.ar_audio_embedding.word_embeddings(tokens) + self.ar_audio_position.alpha * self.pe[pe_pos]  # [B, D]
+        # [B, 1, 1, kv_len] additive mask: 0 up to each row's length, -inf beyond (cheaper in SDPA than a bool mask)
+        mask = torch.zeros(b, 1, 1, kv_len, dtype=self.compute_dtype, device=tokens.device).masked_fill_(
+            (self._cols[:kv_len] > positions[:, None])[:, None, None, :], float("-inf"))
+        for i, blk in enumerate(self.h.layers):
+            cache = self.kv[i]
+            qkv = blk.self_attn.in_proj(h.to(self.compute_dtype)).view(b, 3, cfg.heads, cfg.head_dim)
+            cache[:, rows, :, positions] = qkv[:, 1:]  # K and V of the new token [B, 2, H, hd], one scatter
+            if slots is None:
+                k, v = cache[0, :b, :, :kv_len], cache[1, :b, :, :kv_len]  # views [B, H, kv_len, hd]
+            else:
+                k, v = cache[0, slots, :, :kv_len], cache[1, slots, :, :kv_len]
+            a = F.scaled_dot_product_attention(qkv[:, 0, :, None], k, v, attn_mask=mask)  # [B, H, 1, hd]
+            a = blk.self_attn.out_proj(a.reshape(b, cfg.dim))
+            h = self._norm(h + a.float(), blk.norm1)
+            h = self._norm(h + self._ffn(blk, h).float(), blk.norm2)
+        return self.ar_predict_layer(h)
+
+
+def build_random_gpt(
+    size: str = "real", seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> Text2SemanticModel:
+    """A GPT with the released v2 architecture (``"real"``: 512/16/24) or the golden test's (``"tiny"``: 96/4/3)
+    and seeded random weights, for benchmarks and tests. Vocabularies are the real ones (732 phones, 1025 tokens).
+    """
+    if size not in ("real", "tiny"):
+        raise ValueError(f"size must be 'real' or 'tiny', got {size!r}")
+    dims = REAL_V2 if size == "real" else TINY
+    gen = torch.Generator().manual_seed(seed)
+    model = Text2SemanticModel(GptConfig(**dims))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("alpha"):
+                p.fill_(1.0)
+            elif "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen) if name.endswith("weight")
+                        else 0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                fan_in = p.shape[-1] if p.ndim > 1 else model.config.dim
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
+    return model.to_device(device, dtype)
+

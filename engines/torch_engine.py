@@ -1,0 +1,188 @@
+"""The PyTorch backend (CPU and CUDA): the GPT with a static KV cache and continuous batching, SoVITS, HuBERT, BERT."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import threading
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+import torch
+
+from engines.base import (
+    MAX_DECODE_STEPS,
+    ChunkCallback,
+    EngineError,
+    SemanticBatch,
+    SemanticRequest,
+    StopFlag,
+    VoicePrompt,
+)
+from engines.gpt_sovits.checkpoint import file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint
+from engines.gpt_sovits.generate import BatchDecoder, generate, request_inputs
+from engines.gpt_sovits.gpt import Text2SemanticModel
+from engines.gpt_sovits.sovits import SoVITSDecoder, mean_style
+from engines.gpt_sovits.spectrogram import reference_spec_input
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+MAX_CONTEXT = 2048  # KV positions per slot: prompt phones + text + prompt tokens + generated tokens (grows if needed)
+
+
+class ModelPaths(Protocol):
+    gpt: Path
+    sovits: Path
+    hubert: Path
+    bert: Path
+
+
+class _Batch:
+    """Adapter from the Engine's SemanticBatch protocol to the GPT's BatchDecoder."""
+
+    def __init__(self, decoder: BatchDecoder) -> None:
+        self._decoder = decoder
+
+    @property
+    def active(self) -> int:
+        return len(self._decoder.active)
+
+    @property
+    def capacity(self) -> int:  # noqa: D102
+        return self._decoder.max_slots
+
+    def add(self, request_id: int, request: SemanticRequest) -> None:
+        phones, bert, prompt = request_inputs(request)
+        params = request.params
+        room = self._decoder.max_len - len(phones) - len(prompt) - 1  # steps that fit in the cache
+        if room < 1:
+            raise EngineError(f"the sentence is too long for the GPT ({len(phones)} phones with the prompt); "
+                              f"split it into shorter sentences")
+        if params.early_stop_num < 0 or params.early_stop_num > room:
+            params = dataclasses.replace(params, early_stop_num=min(room, MAX_DECODE_STEPS - 1)
+                                         if params.early_stop_num < 0 else room)
+        self._decoder.add(request_id, phones, bert, prompt, params)
+
+    def step(self) -> list[tuple[int, np.ndarray]]:
+        return self._decoder.step()
+
+    def cancel(self, request_id: int) -> None:
+        self._decoder.cancel(request_id)
+
+
+class TorchEngine:
+    """GPT-SoVITS v2 on PyTorch. Thread-safety: the GPT and the rest may run on two threads at once."""
+
+    name = "torch"
+
+    def __init__(self, gpt: Text2SemanticModel, sovits: SoVITSDecoder, *, device: str, precision: str,
+                 model_id: str, hubert_path: Path | None = None, bert_path: Path | None = None,
+                 max_batch: int = 8, cuda_graphs: bool = True) -> None:
+        self.gpt = gpt
+        self.sovits = sovits
+        self.device = device
+        self.precision = precision
+        self.model_id = model_id
+        self.max_batch = max_batch
+        self.cuda_graphs = cuda_graphs and device.startswith("cuda")
+        self._hubert_path = hubert_path
+        self._bert_path = bert_path
+        self._hubert: object | None = None
+        self._bert: object | None = None
+        self._lazy_lock = threading.Lock()
+        self._sovits_dtype = DTYPES.get(precision, torch.float32)
+
+    @classmethod
+    def from_files(cls, models: ModelPaths, *, device: str = "cpu", precision: str = "fp32", max_batch: int = 8,
+                   cuda_graphs: bool = True) -> TorchEngine:
+        """Load the GPT and SoVITS checkpoints (HuBERT and BERT load on first use)."""
+        for label, path in (("GPT", models.gpt), ("SoVITS", models.sovits)):
+            if not Path(path).is_file():
+                raise EngineError(f"the {label} model file {path} does not exist: run `python -m bot models "
+                                  f"download`, or point models.{label.lower()} in config.yaml at your file")
+        int8 = precision == "int8"
+        dtype = DTYPES.get(precision, torch.float32)
+        gpt = Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(models.gpt), device, dtype)
+        if int8:
+            gpt.quantize_int8()
+        sovits = SoVITSDecoder.from_checkpoint(load_sovits_checkpoint(models.sovits), device,
+                                               torch.float32 if int8 else dtype)
+        model_id = hashlib.sha256(
+            f"{file_fingerprint(models.gpt)}:{file_fingerprint(models.sovits)}".encode()).hexdigest()[:16]
+        return cls(gpt, sovits, device=device, precision=precision, model_id=model_id,
+                   hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
+                   cuda_graphs=cuda_graphs)
+
+    # ---- lazily loaded encoders ------------------------------------------------------------------------------
+
+    def _hubert_model(self):  # type: ignore[no-untyped-def]
+        with self._lazy_lock:
+            if self._hubert is None:
+                from engines.gpt_sovits.ssl import HubertEncoder
+
+                if self._hubert_path is None:
+                    raise EngineError("no HuBERT model configured (models.hubert)")
+                self._hubert = HubertEncoder.from_folder(self._hubert_path, self.device, self._encoder_dtype())
+            return self._hubert
+
+    def _bert_model(self):  # type: ignore[no-untyped-def]
+        with self._lazy_lock:
+            if self._bert is None:
+                from engines.gpt_sovits.bert import BertFeaturizer
+
+                if self._bert_path is None:
+                    raise EngineError("no BERT model configured (models.bert)")
+                self._bert = BertFeaturizer.from_folder(self._bert_path, self.device, self._encoder_dtype())
+            return self._bert
+
+    def _encoder_dtype(self) -> torch.dtype:
+        return self._sovits_dtype if self.device.startswith("cuda") else torch.float32
+
+    # ---- Engine protocol -------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def encode_reference(self, wav16k: np.ndarray | None,
+                         refs32k: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        if not refs32k:
+            raise EngineError("encode_reference needs at least one 32 kHz reference clip")
+        tokens = np.zeros(0, np.int64)
+        if wav16k is not None:
+            ssl = self._hubert_model().encode(wav16k)  # [1, 768, T50]
+            codes = self.sovits.extract_latent(ssl.to(self._sovits_dtype))  # [1, 1, T25]
+            tokens = codes[0, 0].cpu().numpy().astype(np.int64)
+        ges = []
+        for wav in refs32k:
+            spec = reference_spec_input(np.asarray(wav, np.float32))  # [1, 1025, frames]
+            ges.append(self.sovits.ref_style(spec.to(self.device)))
+        ge = mean_style(ges)  # [1, gin, 1]
+        return tokens, ge[0].float().cpu().numpy()
+
+    @torch.inference_mode()
+    def text_features(self, norm_text: str, word2ph: Sequence[int]) -> np.ndarray:
+        return self._bert_model().features(norm_text, word2ph)
+
+    def open_batch(self, on_chunk: ChunkCallback | None = None) -> SemanticBatch:
+        decoder = BatchDecoder(self.gpt, max_slots=self.max_batch, max_len=MAX_CONTEXT, on_chunk=on_chunk,
+                               bucket_rows=self.cuda_graphs)
+        return _Batch(decoder)
+
+    def generate_semantic(self, requests: Sequence[SemanticRequest], on_chunk: ChunkCallback | None = None,
+                          should_stop: StopFlag | None = None) -> list[np.ndarray]:
+        return generate(self.gpt, requests, on_chunk=on_chunk, should_stop=should_stop)
+
+    @torch.inference_mode()
+    def decode(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,
+               noise_scale: float = 0.5, seed: int | None = None) -> np.ndarray:
+        dev = self.device
+        codes = torch.as_tensor(np.asarray(tokens, np.int64), device=dev).view(1, 1, -1)
+        text = torch.as_tensor(np.asarray(phones, np.int64), device=dev).view(1, -1)
+        ge = torch.as_tensor(np.asarray(voice.ge, np.float32), device=dev).view(1, -1, 1)
+        gen = None
+        if noise_scale != 0 and seed is not None:
+            gen = torch.Generator(device=dev).manual_seed(int(seed))
+        wav = self.sovits.decode(codes, text, ge.to(self._sovits_dtype), speed=speed, noise_scale=noise_scale,
+                                 generator=gen)
+        return wav[0, 0].float().cpu().numpy()

@@ -1,0 +1,207 @@
+"""The prosody cache (text -> the GPT's semantic tokens) and the audio cache (exact repeats), on disk.
+
+Both are :mod:`diskcache` stores bounded in bytes with least-recently-used eviction, so they survive restarts and
+stay within their budget. Every entry is tagged with its voice id, so a voice change or deletion removes all of its
+entries at once (:meth:`SynthesisCache.invalidate_voice`); SQLite's ``secure_delete`` overwrites the removed rows.
+
+Policy for random sampling (``seed == -1``)
+-------------------------------------------
+A seeded request (``seed >= 0``) is deterministic, and its key includes the seed, so a hit returns exactly what
+the model would compute. A request with ``seed == -1`` asks for *a* random sample and does not say which one: the
+cache keeps **one sample per key on purpose** and serves it again. This is what makes the configured common phrases
+instant (they are precomputed once per voice with the default, random seed), and a repeated phrase sounds the
+same, which users expect of an exact repeat. Such an entry is still just one draw; it is never presented as the
+result of a particular seed, because the key of a seeded request differs. Callers that want a fresh draw every
+time construct the cache with ``reuse_random=False``: :meth:`SynthesisCache.cacheable` then refuses random-seed
+requests unless sampling is greedy (``top_k == 1``), and ``get``/``put`` on such keys are skipped by the pipeline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import unicodedata
+from pathlib import Path
+from typing import Any, Mapping
+
+import diskcache
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+KEY_SCHEMA = 1  # bump when the key layout or value encoding changes (old entries then age out)
+TOKEN_DTYPE = np.dtype("<i2")  # semantic tokens are 0..1024, stored as int16 (2 bytes per 40 ms)
+AUDIO_DTYPE = np.dtype("<f4")  # audio is stored exactly, float32
+OVERSHOOT = 1.1  # the bound may be exceeded by this factor before a batch cull (one entry per store otherwise)
+_WS = re.compile(r"\s+")
+
+
+class SynthesisCache:
+    """Two bounded, persistent caches: prosody (semantic tokens) and audio (waveforms).
+
+    Thread- and process-safe (diskcache uses SQLite transactions).
+
+    Parameters
+    ----------
+    dir: folder holding ``prosody/`` and ``audio/`` (created if missing).
+    prosody_bytes: size bound of the prosody cache, bytes.
+    audio_bytes: size bound of the audio cache, bytes.
+    reuse_random: serve one stored sample for random-seed requests (see the module docstring).
+    """
+
+    def __init__(self, dir: Path, prosody_bytes: int, audio_bytes: int, *, reuse_random: bool = True) -> None:
+        if prosody_bytes <= 0 or audio_bytes <= 0:
+            raise ValueError(f"cache sizes must be positive, got prosody={prosody_bytes} audio={audio_bytes}")
+        self.dir = Path(dir)
+        self.reuse_random = reuse_random
+        self._prosody = _open(self.dir / "prosody", prosody_bytes)
+        self._audio = _open(self.dir / "audio", audio_bytes)
+        self._counts = {"prosody": [0, 0], "audio": [0, 0]}  # [hits, misses] since this process opened the cache
+
+    # --- keys ---------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def prosody_key(
+        model_id: str, voice_id: str, voice_version: int, text: str, language: str, sampling: Mapping[str, Any]
+    ) -> str:
+        """The prosody cache key: a SHA-256 hex digest over everything that changes the GPT's output.
+
+        Parameters
+        ----------
+        model_id: identity of the loaded weights (``Engine.model_id``).
+        voice_id, voice_version: the voice and its version (a changed voice never hits old entries).
+        text: the sentence (whitespace-collapsed and NFC-normalised here).
+        language: the sentence's language code.
+        sampling: every sampling parameter, seed included (e.g. ``dataclasses.asdict(SamplingParams)``).
+        """
+        payload = {
+            "schema": KEY_SCHEMA,
+            "model": model_id,
+            "voice": voice_id,
+            "version": int(voice_version),
+            "text": normalise_text(text),
+            "language": language,
+            "sampling": {str(k): sampling[k] for k in sorted(sampling)},
+        }
+        return _digest(payload)
+
+    @staticmethod
+    def audio_key(prosody_key: str, speed: float, noise_scale: float, seed: int | str) -> str:
+        """The audio cache key: the prosody key plus the SoVITS decode options.
+
+        ``seed`` is the request's seed; -1 (or a marker such as ``"any"``) for a random-seed request.
+        """
+        seed_value: int | str = seed if isinstance(seed, str) else int(seed)
+        return _digest({"schema": KEY_SCHEMA, "prosody": prosody_key, "speed": float(speed),
+                        "noise_scale": float(noise_scale), "seed": seed_value})
+
+    def cacheable(self, sampling: Mapping[str, Any]) -> bool:
+        """Whether results for these sampling options may be stored and served (the random-seed policy)."""
+        seed = sampling.get("seed", -1)
+        if isinstance(seed, int) and seed >= 0:  # None, -1 or a marker such as "any" mean random
+            return True
+        return self.reuse_random or int(sampling.get("top_k", 0)) == 1
+
+    # --- prosody ------------------------------------------------------------------------------------------------
+
+    def get_tokens(self, key: str) -> np.ndarray | None:
+        """Cached semantic tokens ``[Ts]`` int64 for a prosody key, or None."""
+        raw = self._get(self._prosody, "prosody", key, TOKEN_DTYPE)
+        return None if raw is None else raw.astype(np.int64)
+
+    def put_tokens(self, key: str, tokens: np.ndarray, voice_id: str) -> None:
+        """Store semantic tokens ``[Ts]`` (ids 0..1024) under a prosody key, tagged with their voice."""
+        t = np.asarray(tokens).reshape(-1)
+        if t.size and (t.min() < 0 or t.max() > np.iinfo(TOKEN_DTYPE).max):
+            raise ValueError(f"semantic tokens must be in 0..32767, got {t.min()}..{t.max()}")
+        _put(self._prosody, key, t.astype(TOKEN_DTYPE).tobytes(), voice_id)
+
+    # --- audio --------------------------------------------------------------------------------------------------
+
+    def get_audio(self, key: str) -> np.ndarray | None:
+        """Cached waveform ``[N]`` float32 for an audio key, or None."""
+        raw = self._get(self._audio, "audio", key, AUDIO_DTYPE)
+        return None if raw is None else raw.astype(np.float32)
+
+    def put_audio(self, key: str, audio: np.ndarray, voice_id: str) -> None:
+        """Store a waveform ``[N]`` float32 under an audio key, tagged with its voice."""
+        a = np.asarray(audio, dtype=np.float32).reshape(-1)
+        _put(self._audio, key, a.astype(AUDIO_DTYPE).tobytes(), voice_id)
+
+    # --- maintenance --------------------------------------------------------------------------------------------
+
+    def invalidate_voice(self, voice_id: str) -> int:
+        """Remove every entry of a voice from both caches; returns how many entries were removed."""
+        removed = int(self._prosody.evict(voice_id, retry=True)) + int(self._audio.evict(voice_id, retry=True))
+        log.info("cache: removed %d entries of voice %s", removed, voice_id)
+        return removed
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per cache: ``hits``/``misses`` since opened, ``entries``, ``bytes`` on disk, ``limit`` bytes."""
+        out: dict[str, dict[str, int]] = {}
+        for name, cache in (("prosody", self._prosody), ("audio", self._audio)):
+            hits, misses = self._counts[name]
+            out[name] = {
+                "hits": hits,
+                "misses": misses,
+                "entries": len(cache),
+                "bytes": int(cache.volume()),
+                "limit": int(cache.size_limit),
+            }
+        return out
+
+    def close(self) -> None:
+        """Close both stores (their contents stay on disk)."""
+        self._prosody.close()
+        self._audio.close()
+
+    def __enter__(self) -> SynthesisCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _get(self, cache: diskcache.Cache, name: str, key: str, dtype: np.dtype[Any]) -> np.ndarray | None:
+        """Look a key up, count the hit or miss, and drop an entry whose bytes do not decode."""
+        value = cache.get(key, default=None, retry=True)
+        if not isinstance(value, bytes) or len(value) % dtype.itemsize:
+            if value is not None:
+                log.warning("cache: dropping unreadable %s entry %s", name, key)
+                cache.delete(key, retry=True)
+            self._counts[name][1] += 1
+            return None
+        self._counts[name][0] += 1
+        return np.frombuffer(value, dtype=dtype)
+
+
+def normalise_text(text: str) -> str:
+    """The text form used in keys: NFC, whitespace runs collapsed to one space, stripped."""
+    return _WS.sub(" ", unicodedata.normalize("NFC", text)).strip()
+
+
+def _put(cache: diskcache.Cache, key: str, value: bytes, voice_id: str) -> None:
+    """Store a value; each store evicts the least recently used entry while over the bound."""
+    cache.set(key, value, tag=voice_id, retry=True)
+    if cache.volume() > cache.size_limit * OVERSHOOT:  # a large value went in: cull in batches until under
+        cache.cull(retry=True)
+
+
+def _open(path: Path, size_limit: int) -> diskcache.Cache:
+    """A size-bounded LRU diskcache with a tag index and secure deletion."""
+    path.mkdir(parents=True, exist_ok=True)
+    return diskcache.Cache(
+        str(path),
+        size_limit=int(size_limit),
+        eviction_policy="least-recently-used",
+        cull_limit=1,  # evict one entry per store, strictly in LRU order (diskcache's default culls 10 at once)
+        tag_index=True,  # invalidate_voice evicts by tag without a full scan
+        sqlite_secure_delete=1,  # deleted rows are overwritten, so a deleted voice leaves no bytes in the db
+    )
+
+
+def _digest(payload: Mapping[str, Any]) -> str:
+    """SHA-256 hex of canonical JSON."""
+    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()

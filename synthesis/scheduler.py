@@ -1,0 +1,235 @@
+"""One worker per device: it owns the engine and runs everything that touches it.
+
+Two lanes, each a thread, so the GPT of sentence i+1 overlaps the SoVITS decode of sentence i:
+
+* the GPT lane drives a continuous batch (``Engine.open_batch``): requests join between decode steps and leave
+  when they finish or are cancelled; live requests go before background ones (and preempt them when the batch is
+  full);
+* the vocoder lane runs one callable at a time (SoVITS decode, BERT features, reference encoding), by priority.
+
+Callers are async: every job resolves an asyncio future. Cancelling the awaiting task cancels the job; for the GPT
+that takes effect before the next decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+import numpy as np
+
+from engines.base import Engine, EngineError, SemanticBatch, SemanticRequest, SpeechError
+from synthesis.types import DeadlineError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+LIVE = 0  # priority of requests somebody is waiting for
+BACKGROUND = 10  # priority of precompute work
+_IDLE_POLL_S = 0.05  # how often an idle lane checks for shutdown
+
+
+class WorkerClosed(SpeechError):
+    """The synthesis worker has shut down."""
+
+
+@dataclass(eq=False)
+class _Job:
+    priority: int
+    deadline: float | None  # time.monotonic() limit, None for no limit
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    cancel: threading.Event = field(default_factory=threading.Event)
+    started: float = 0.0
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
+        """Complete the future from any thread (ignored if the caller already gave up)."""
+
+        def _set() -> None:
+            if self.future.done():
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
+
+        try:
+            self.loop.call_soon_threadsafe(_set)
+        except RuntimeError:  # the caller's loop is closed
+            pass
+
+
+@dataclass(eq=False)
+class _GptJob(_Job):
+    request: SemanticRequest | None = None
+    elapsed: float = 0.0
+
+
+@dataclass(eq=False)
+class _CallJob(_Job):
+    fn: Callable[[], Any] | None = None
+
+
+class DeviceWorker:
+    """Owns an engine; runs GPT batches and vocoder calls on two threads."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._seq = itertools.count()
+        self._gpt_queue: queue.PriorityQueue[tuple[int, int, _GptJob]] = queue.PriorityQueue()
+        self._call_queue: queue.PriorityQueue[tuple[int, int, _CallJob]] = queue.PriorityQueue()
+        self._closed = threading.Event()
+        self._active_gpt = 0
+        self.gpt_steps = 0
+        self._threads = [
+            threading.Thread(target=self._gpt_lane, name="voicebot-gpt", daemon=True),
+            threading.Thread(target=self._call_lane, name="voicebot-vocoder", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # ---- async API -------------------------------------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        """Jobs waiting or running on either lane."""
+        return self._gpt_queue.qsize() + self._call_queue.qsize() + self._active_gpt
+
+    async def semantic(self, request: SemanticRequest, *, priority: int = LIVE,
+                       deadline: float | None = None) -> tuple[np.ndarray, float]:
+        """Run the GPT for one sentence: (new tokens ``[Ts]`` int64, seconds the batch spent on it)."""
+        job = _GptJob(priority, deadline, asyncio.get_running_loop(), asyncio.get_running_loop().create_future(),
+                      request=request)
+        self._submit(self._gpt_queue, job)
+        return await self._await(job)
+
+    async def call(self, fn: Callable[[], T], *, priority: int = LIVE, deadline: float | None = None) -> T:
+        """Run ``fn()`` on the vocoder lane and return its result."""
+        job = _CallJob(priority, deadline, asyncio.get_running_loop(), asyncio.get_running_loop().create_future(),
+                       fn=fn)
+        self._submit(self._call_queue, job)
+        return await self._await(job)
+
+    def close(self) -> None:
+        self._closed.set()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    # ---- internals -------------------------------------------------------------------------------------------
+
+    def _submit(self, q: queue.PriorityQueue[Any], job: _Job) -> None:
+        if self._closed.is_set():
+            raise WorkerClosed("the synthesis worker is shut down")
+        q.put((job.priority, next(self._seq), job))
+
+    @staticmethod
+    async def _await(job: _Job) -> Any:
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            job.cancel.set()  # the lane drops it before its next step
+            raise
+
+    def _call_lane(self) -> None:
+        while not self._closed.is_set():
+            try:
+                _, _, job = self._call_queue.get(timeout=_IDLE_POLL_S)
+            except queue.Empty:
+                continue
+            if job.cancel.is_set():
+                continue
+            if job.expired():
+                job.resolve(error=DeadlineError("the request ran past its deadline before it could be rendered"))
+                continue
+            assert job.fn is not None
+            try:
+                job.resolve(job.fn())
+            except SpeechError as e:
+                job.resolve(error=e)
+            except Exception as e:  # a backend failure must reach the caller, not kill the lane
+                log.exception("vocoder lane job failed")
+                job.resolve(error=EngineError(f"synthesis failed: {e}"))
+
+    def _gpt_lane(self) -> None:
+        batch: SemanticBatch | None = None
+        running: dict[int, _GptJob] = {}
+        ids = itertools.count()
+        while not self._closed.is_set():
+            try:
+                if batch is None:
+                    batch = self.engine.open_batch()
+                if not running:  # idle: block for work
+                    try:
+                        item = self._gpt_queue.get(timeout=_IDLE_POLL_S)
+                    except queue.Empty:
+                        continue
+                    self._gpt_queue.put(item)
+                self._admit(batch, running, ids)
+                self._drop_cancelled(batch, running)
+                self._active_gpt = len(running)
+                if not running:
+                    continue
+                t0 = time.perf_counter()
+                finished = batch.step()
+                dt = time.perf_counter() - t0
+                self.gpt_steps += 1
+                for job in running.values():
+                    job.elapsed += dt
+                for rid, tokens in finished:
+                    job = running.pop(rid)
+                    job.resolve((tokens, job.elapsed))
+                self._active_gpt = len(running)
+            except Exception as e:
+                log.exception("GPT lane failed; failing its %d running requests", len(running))
+                err = e if isinstance(e, SpeechError) else EngineError(f"GPT decode failed: {e}")
+                for job in running.values():
+                    job.resolve(error=err)
+                running.clear()
+                batch = None
+        self._active_gpt = 0
+
+    def _admit(self, batch: SemanticBatch, running: dict[int, _GptJob], ids: itertools.count[int]) -> None:
+        """Move queued requests into free slots; a live request preempts a background one when full."""
+        while True:
+            try:
+                prio, seq, job = self._gpt_queue.get_nowait()
+            except queue.Empty:
+                return
+            if job.cancel.is_set():
+                continue
+            if job.expired():
+                job.resolve(error=DeadlineError("the request ran past its deadline while waiting for the GPT"))
+                continue
+            if batch.active >= batch.capacity:
+                victim = next((rid for rid, j in running.items() if j.priority > prio), None)
+                if victim is None:
+                    self._gpt_queue.put((prio, seq, job))
+                    return
+                preempted = running.pop(victim)
+                batch.cancel(victim)
+                preempted.elapsed = 0.0
+                self._gpt_queue.put((preempted.priority, next(self._seq), preempted))
+            rid = next(ids)
+            assert job.request is not None
+            t0 = time.perf_counter()
+            batch.add(rid, job.request)
+            job.elapsed += time.perf_counter() - t0
+            running[rid] = job
+
+    @staticmethod
+    def _drop_cancelled(batch: SemanticBatch, running: dict[int, _GptJob]) -> None:
+        for rid in [r for r, j in running.items() if j.cancel.is_set() or j.expired()]:
+            job = running.pop(rid)
+            batch.cancel(rid)
+            if not job.cancel.is_set():
+                job.resolve(error=DeadlineError("the request ran past its deadline during the GPT"))

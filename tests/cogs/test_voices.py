@@ -1,0 +1,264 @@
+"""/voice and /forget-me through discord.py's real command tree, with a recording REST edge."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+import cogs.voices
+from synthesis.types import AudioInputError
+from tests.cogs.conftest import ADMIN, ALICE, BOB, CLONER_ROLE, GUILD_ID
+
+CONSENT = "This is my own voice, or I have the speaker's permission"
+OGG = b"OggS" + bytes(range(256)) * 20
+
+
+@pytest.fixture(autouse=True)
+def fast_edits(harness, monkeypatch):
+    # load_extension gives the cog a fresh module object: patch the one it runs in
+    monkeypatch.setattr(sys.modules["cogs.voices"], "EDIT_INTERVAL_S", 0.0)
+
+
+def last_reply(h, token: str) -> tuple[str, bool]:
+    """The last content sent for an interaction and whether it was ephemeral."""
+    call = [c for c in h.adapter.for_token(token) if c.payload and (c.payload.get("data") or c.payload).get("content")][-1]
+    data = call.payload.get("data", call.payload) if "type" in call.payload else call.payload
+    return data["content"], bool(data.get("flags", 0) & 64)
+
+
+async def clone(h, user=ALICE, click=CONSENT, **options):
+    clip = options.pop("clip", None) or h.attachment("me.ogg", OGG, "audio/ogg")
+    token, task = h.start_slash("voice clone", user, clip=clip, **options)
+    await h.wait_for(lambda: token in h.adapter.original or task.done())
+    if click and not task.done():
+        await h.click(token, click, user)
+    await asyncio.wait_for(task, 3)
+    return token, clip
+
+
+async def settle_background(h):
+    cog = h.bot.get_cog("VoiceCog")
+    await asyncio.gather(*cog._background, return_exceptions=True)
+    await asyncio.sleep(0.01)
+
+
+async def test_clone_asks_consent_before_download_and_create(harness):
+    h = harness
+    clip = h.attachment("me.ogg", OGG, "audio/ogg")
+    token, task = h.start_slash("voice clone", ALICE, clip=clip, transcript="hello there")
+    await h.wait_for(lambda: token in h.adapter.original)
+    text, ephemeral = last_reply(h, token)
+    assert ephemeral and "I confirm this recording is my own voice" in text
+    await asyncio.sleep(0.05)
+    assert h.downloads == [] and h.services.synthesizer.created == []  # nothing until the click
+    await h.click(token, CONSENT)
+    await asyncio.wait_for(task, 3)
+    assert h.downloads == [clip["url"]]
+    (call,) = h.services.synthesizer.created
+    assert call["data"] == OGG and call["owner_id"] == ALICE and call["transcript"] == "hello there"
+    assert call["name"] == "Alice" and call["consent"]["user_id"] == ALICE
+    assert call["consent"]["statement"] == cogs.voices.consent_statement(False)
+    voice = h.services.synthesizer.voices.find("Alice")
+    assert [(c.user_id, c.text) for c in await h.services.store.consents(voice.id)] == [
+        (ALICE, cogs.voices.consent_statement(False))]
+    assert (await h.services.store.user_settings(ALICE))["voice"] == voice.id  # her first voice is her voice
+    assert h.services.synthesizer.precomputed == [(voice.id, ("Hello!", "Good night."))]
+    await settle_background(h)
+    await h.wait_for(lambda: "Common phrases ready" in h.adapter.original_content(token))
+    final = h.adapter.original_content(token)
+    assert "**Alice** is ready as your voice" in final
+    assert "Note: the clip is a little quiet" in final
+    assert "Common phrases ready (2/2)." in final
+
+
+async def test_cancel_and_strangers_download_nothing(harness):
+    h = harness
+    clip = h.attachment("me.ogg", OGG, "audio/ogg")
+    token, task = h.start_slash("voice clone", ALICE, clip=clip)
+    await h.wait_for(lambda: token in h.adapter.original)
+    await h.click(token, CONSENT, user_id=BOB)  # someone else's click is refused
+    await asyncio.sleep(0.05)
+    assert not task.done() and h.downloads == []
+    await h.click(token, "Cancel")
+    await asyncio.wait_for(task, 3)
+    assert h.adapter.original_content(token) == "Cancelled; nothing was downloaded."
+    assert h.downloads == [] and h.services.synthesizer.created == []
+
+
+async def test_oversized_attachment_refused_before_download(harness):
+    h = harness  # the config's limit is 1 MB
+    big = h.attachment("long.wav", None, "audio/wav", size=3 * 1024 * 1024)
+    token, task = h.start_slash("voice clone", ALICE, clip=big)
+    await asyncio.wait_for(task, 3)
+    text, ephemeral = last_reply(h, token)
+    assert ephemeral and "That file is 3.0 MB; the limit is 1 MB" in text
+    assert h.downloads == [] and h.services.synthesizer.created == []
+
+
+async def test_non_audio_attachment_refused(harness):
+    h = harness
+    token, task = h.start_slash("voice clone", ALICE, clip=h.attachment("cat.png", b"\x89PNG", "image/png"))
+    await asyncio.wait_for(task, 3)
+    text, ephemeral = last_reply(h, token)
+    assert ephemeral and "`cat.png` (image/png) is not a recording" in text
+    assert h.downloads == []
+
+
+async def test_cloning_switch_and_role(harness):
+    h = harness
+    store = h.services.store
+    await store.set_guild_setting(GUILD_ID, "cloning_enabled", False)
+    token, _ = await clone(h, ALICE)
+    text, ephemeral = last_reply(h, token)
+    assert ephemeral and "cloning is turned off" in text and "/set guild cloning_enabled true" in text
+    await store.set_guild_setting(GUILD_ID, "cloning_enabled", True)
+    await store.set_guild_setting(GUILD_ID, "clone_role", CLONER_ROLE)
+    token, _ = await clone(h, ALICE)
+    text, _ = last_reply(h, token)
+    assert f"needs the <@&{CLONER_ROLE}> role" in text
+    await clone(h, BOB)  # Bob has the role
+    assert [c["owner_id"] for c in h.services.synthesizer.created] == [BOB]
+
+
+async def test_server_voice_needs_manage_server(harness):
+    h = harness
+    token, _ = await clone(h, ALICE, server=True)
+    text, _ = last_reply(h, token)
+    assert "Only members with Manage Server can add server voices" in text
+    await clone(h, ADMIN, server=True, name="Narrator")
+    voice = h.services.synthesizer.voices.find("Narrator")
+    assert await h.services.store.guild_voices(GUILD_ID) == [voice.id]
+    assert h.services.synthesizer.created[0]["consent"]["server_voice"] is True
+
+
+async def test_enroll_sentence_becomes_the_prompt(harness):
+    h = harness
+    token = await h.slash("voice enroll", ALICE, language="en")
+    text, ephemeral = last_reply(h, token)
+    sentence = next(s for s in cogs.voices.ENROLL_SENTENCES["en"] if s in text)
+    assert ephemeral
+    await clone(h, ALICE)
+    (call,) = h.services.synthesizer.created
+    assert call["enrollment_prompt"] == sentence and call["language"] == "en" and call["transcript"] is None
+
+
+async def test_bad_clip_is_explained(harness):
+    h = harness
+    h.services.synthesizer.fail_with = AudioInputError("the clip has only 1.2 s of speech; record 3-10 s")
+    token, _ = await clone(h, ALICE)
+    assert h.adapter.original_content(token) == "The clip has only 1.2 s of speech; record 3-10 s"
+    assert h.services.synthesizer.voices.list() == []
+
+
+async def test_voice_autocomplete_use_and_list(harness):
+    h = harness
+    voices, store = h.services.synthesizer.voices, h.services.store
+    own = voices.add("alto", ALICE)
+    server = voices.add("narrator", ADMIN)
+    shared = voices.add("bobby", BOB)
+    voices.add("secret", BOB)  # not shared: invisible to Alice
+    await store.add_guild_voice(GUILD_ID, server.id, ADMIN)
+    await store.share_voice(shared.id, GUILD_ID, BOB)
+    choices = await h.autocomplete("voice use", "name", ALICE, name="")
+    assert choices == [{"name": "alto (yours)", "value": own.id}, {"name": "narrator (server)", "value": server.id},
+                       {"name": "bobby (shared)", "value": shared.id}]
+    assert await h.autocomplete("voice use", "name", ALICE, name="AR") == [
+        {"name": "narrator (server)", "value": server.id}]
+    assert [c["value"] for c in await h.autocomplete("voice share", "name", ALICE, name="")] == [own.id]
+
+    await h.slash("voice use", ALICE, name=server.id)
+    assert (await store.user_settings(ALICE, GUILD_ID))["voice"] == server.id
+    assert (await store.user_settings(ALICE))["voice"] is None  # a server voice is chosen for this server only
+    await h.slash("voice use", ALICE, name="alto")  # typed by name
+    assert (await store.user_settings(ALICE, GUILD_ID))["voice"] == own.id
+    token = await h.slash("voice use", ALICE, name="secret")
+    text, ephemeral = last_reply(h, token)
+    assert ephemeral and "no voice called 'secret' you can use here" in text and "/voice list" in text
+
+    token = await h.slash("voice list", ALICE)
+    text, _ = last_reply(h, token)
+    assert text.splitlines() == ["• **alto** (yours) ← you speak with this", "• **narrator** (server)",
+                                 "• **bobby** (shared)"]
+
+
+async def test_share_unshare(harness):
+    h = harness
+    own = h.services.synthesizer.voices.add("alto", ALICE)
+    await h.slash("voice share", ALICE, name="alto")
+    assert await h.services.store.shared_voices(GUILD_ID) == [own.id]
+    token = await h.slash("voice share", ALICE, name="alto")
+    assert "already shared" in last_reply(h, token)[0]
+    await h.slash("voice unshare", ALICE, name="alto")
+    assert await h.services.store.shared_voices(GUILD_ID) == []
+    token = await h.slash("voice share", BOB, name="alto")  # not Bob's
+    assert "no voice called 'alto' of yours" in last_reply(h, token)[0]
+
+
+async def test_delete_confirmed_removes_everything(harness):
+    h = harness
+    voices, store = h.services.synthesizer.voices, h.services.store
+    own = voices.add("alto", ALICE)
+    await store.share_voice(own.id, GUILD_ID, ALICE)
+    await store.set_user_setting(ALICE, "voice", own.id)
+    await store.record_consent(own.id, ALICE, "yes")
+    token, task = h.start_slash("voice delete", ALICE, name="alto")
+    await h.wait_for(lambda: token in h.adapter.original)
+    await h.click(token, "Delete it")
+    await asyncio.wait_for(task, 3)
+    assert h.services.synthesizer.deleted == [own.id]
+    assert await store.shared_voices(GUILD_ID) == [] and await store.consents(own.id) == []
+    assert (await store.user_settings(ALICE))["voice"] is None
+    assert "is deleted" in h.adapter.original_content(token)
+
+
+async def test_delete_someone_elses_voice(harness):
+    h = harness
+    voices, store = h.services.synthesizer.voices, h.services.store
+    shared = voices.add("bobby", BOB)
+    await store.share_voice(shared.id, GUILD_ID, BOB)
+    token = await h.slash("voice delete", ALICE, name="bobby")
+    text, ephemeral = last_reply(h, token)
+    assert ephemeral and "belongs to someone else" in text
+    server = voices.add("narrator", BOB)
+    await store.add_guild_voice(GUILD_ID, server.id, BOB)
+    await h.slash("voice delete", ADMIN, name="narrator")  # an admin removes it from the server, files stay
+    assert await store.guild_voices(GUILD_ID) == [] and h.services.synthesizer.deleted == []
+
+
+async def test_forget_me(harness):
+    h = harness
+    voices, store = h.services.synthesizer.voices, h.services.store
+    a1, a2 = voices.add("alto", ALICE), voices.add("alto2", ALICE)
+    other = voices.add("bobby", BOB)
+    await store.set_user_setting(ALICE, "speed", 1.5)
+    await store.share_voice(a1.id, GUILD_ID, ALICE)
+    token, task = h.start_slash("forget-me", ALICE)
+    await h.wait_for(lambda: token in h.adapter.original)
+    await h.click(token, "Forget me")
+    await asyncio.wait_for(task, 3)
+    assert sorted(h.services.synthesizer.deleted) == sorted([a1.id, a2.id])
+    assert list(voices.by_id) == [other.id]
+    assert (await store.user_settings(ALICE))["speed"] is None
+    assert await store.shared_voices(GUILD_ID) == []
+    assert h.adapter.original_content(token).startswith("Done: 2 voice(s)")
+
+
+async def test_preview_sends_a_short_wav(harness):
+    h = harness
+    own = h.services.synthesizer.voices.add("alto", ALICE)
+    token = await h.slash("voice preview", ALICE)
+    calls = h.adapter.for_token(token)
+    assert calls[0].payload == {"type": 5, "data": {"flags": 64}}  # deferred, ephemeral
+    (name, data), = calls[-1].files
+    audio, rate = sf.read(io.BytesIO(data))
+    assert name == "alto.wav" and rate == 32000
+    assert len(audio) == 2 * 16000  # two sentences (the fake splits at '.') x 0.5 s
+    spectrum = np.abs(np.fft.rfft(audio))
+    assert abs(np.argmax(spectrum) * rate / len(audio) - (200 + 10 * int(own.id[1:]))) < 3
+    token = await h.slash("voice preview", BOB)
+    assert "You have no voice yet" in last_reply(h, token)[0]

@@ -1,0 +1,168 @@
+"""Synthesizer.stream with the tiny real models: streaming, caches, cancellation, isolation, determinism."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bot.services import build_synthesizer
+from synthesis.types import BusyError, SynthesisParams
+from tests.audio_samples import speech_like_wav
+
+THREE = "The weather is nice today. We should go for a walk. Maybe the park is open."
+SEEDED = SynthesisParams(language="en", seed=1234, noise_scale=0.5)
+CONSENT = {"user_id": 1, "text": "this is my own voice"}
+
+
+@pytest.fixture
+async def synth(tiny_config):
+    s = build_synthesizer(tiny_config)
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def voice(synth):
+    v, _ = await synth.create_voice("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
+                                    language="en", consent=CONSENT)
+    return v
+
+
+async def collect(synth, text, voice, params=SEEDED):
+    return [c async for c in synth.stream(text, voice, params)]
+
+
+def _files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
+async def test_stream_yields_sentence_by_sentence(synth, voice):
+    chunks = await collect(synth, THREE, voice)
+    assert [c.index for c in chunks] == [0, 1, 2]
+    for c in chunks:
+        assert c.audio.dtype == np.float32 and c.sample_rate == 32000
+        gap = int(0.3 * 32000)
+        assert np.all(c.audio[-gap:] == 0)  # fragment interval after each sentence
+        speech = c.audio[:-gap]
+        assert speech.size % 1280 == 0 and speech.size >= 11 * 1280  # whole tokens, at least 11
+        assert 0.0 < np.abs(speech).max() <= 1.0
+        assert abs(speech[0]) < 1e-3 and abs(speech[-1]) < 1e-3  # faded edges: no click at the joins
+
+
+@pytest.fixture
+async def fresh_synth(tiny_config):
+    """A second synthesizer over the same voices with empty caches of its own."""
+    cfg = dataclasses.replace(tiny_config, cache=dataclasses.replace(
+        tiny_config.cache, dir=tiny_config.cache.dir.parent / "cache2"))
+    s = build_synthesizer(cfg)
+    yield s
+    await s.close()
+
+
+async def test_seeded_runs_are_deterministic(synth, fresh_synth, voice):
+    first = await collect(synth, THREE, voice)
+    second = await collect(fresh_synth, THREE, voice)
+    assert len(first) == len(second) == 3
+    for a, b in zip(first, second):
+        assert np.array_equal(a.audio, b.audio)
+
+
+async def test_prosody_hit_skips_the_gpt_and_is_bit_identical(synth, fresh_synth, voice):
+    text = "Good morning everyone."
+    faster = dataclasses.replace(SEEDED, speed=1.1)  # speed is in the audio key, not in the prosody key
+    cold = await collect(fresh_synth, text, voice, faster)
+    assert cold[0].timings["prosody_hit"] == 0.0 and cold[0].timings["gpt_s"] > 0
+    await collect(synth, text, voice)  # computes and caches the prosody
+    steps = synth.worker.gpt_steps
+    hit = await collect(synth, text, voice, faster)
+    assert synth.worker.gpt_steps == steps  # no GPT step at all
+    assert hit[0].timings["prosody_hit"] == 1.0 and hit[0].timings["audio_hit"] == 0.0
+    assert hit[0].timings["gpt_s"] == 0.0
+    assert np.array_equal(hit[0].audio, cold[0].audio)
+    again = await collect(synth, text, voice, faster)
+    assert again[0].timings["audio_hit"] == 1.0
+    assert np.array_equal(again[0].audio, cold[0].audio)
+
+
+async def test_voice_delete_leaves_nothing(synth, voice, tiny_config):
+    before = _files(tiny_config.voices.dir)
+    assert before  # the voice's files exist
+    await collect(synth, "Something to cache.", voice)
+    key = synth._prosody_key(voice, "Something to cache.", SEEDED)
+    assert synth.cache.get_tokens(key) is not None
+    await synth.delete_voice(voice.id)
+    assert not _files(tiny_config.voices.dir)
+    assert synth.cache.get_tokens(key) is None
+
+
+async def test_first_chunk_arrives_before_the_last_sentence_is_computed(synth, voice):
+    text = " ".join(f"Sentence number {w} is here." for w in ("one", "two", "three", "four", "five", "six"))
+    seen_at_first = None
+    async for chunk in synth.stream(text, voice, SEEDED):
+        if seen_at_first is None:
+            seen_at_first = synth.counters["prosody_miss"]
+    assert seen_at_first is not None and seen_at_first < 6
+
+
+async def test_cancellation_stops_model_work(synth, voice):
+    long = " ".join(["This is a fairly long sentence that keeps the model busy for a while."] * 6)
+    gen = synth.stream(long, voice, dataclasses.replace(SEEDED, seed=7))
+    await anext(gen)
+    await gen.aclose()
+    steps = synth.worker.gpt_steps
+    await asyncio.sleep(0.3)
+    assert synth.worker.gpt_steps - steps <= 1  # the worker stopped within one decode step
+    assert synth.worker.queue_depth == 0
+
+
+async def test_concurrent_voices_never_mix(synth):
+    voices = []
+    for i in range(8):
+        v, _ = await synth.create_voice(f"v{i}", speech_like_wav(seed=i, f0=100 + 15 * i), f"v{i}.wav",
+                                        transcript="Hello, this is my voice.", language="en",
+                                    consent=CONSENT)
+        voices.append(v)
+    texts = [f"Voice {i} says hello to the room." for i in range(8)]
+    alone = [await collect(synth, t, v) for t, v in zip(texts, voices)]
+    for v in voices:
+        synth.cache.invalidate_voice(v.id)
+    together = await asyncio.gather(*(collect(synth, t, v) for t, v in zip(texts, voices)))
+    for a, b in zip(alone, together):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert np.array_equal(x.audio, y.audio)
+
+
+async def test_full_queue_answers_busy_at_once(synth, voice):
+    synth.limits = dataclasses.replace(synth.limits, queue_size=1)
+    gen = synth.stream(THREE, voice, SEEDED)
+    await anext(gen)
+    t0 = time.perf_counter()
+    with pytest.raises(BusyError):
+        await anext(synth.stream("Another one.", voice, SEEDED))
+    assert time.perf_counter() - t0 < 0.1
+    await gen.aclose()
+
+
+async def test_streamed_text_starts_before_the_text_ends(synth, voice):
+    sent_last_at = None
+
+    async def pieces():
+        nonlocal sent_last_at
+        for p in ["Hel", "lo there. ", "How are", " you today? ", "I am", " fine."]:
+            await asyncio.sleep(0.3)
+            yield p
+        sent_last_at = time.perf_counter()
+
+    first_at = None
+    chunks = []
+    async for c in synth.stream(pieces(), voice, SEEDED):
+        first_at = first_at or time.perf_counter()
+        chunks.append(c)
+    assert [c.sentence.strip()[:5] for c in chunks][:1] == ["Hello"]
+    assert first_at < sent_last_at
