@@ -191,6 +191,7 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
 
     t_load = time.perf_counter()
     synth = build_synthesizer(config)
+    await synth.warm_up()
     load_s = time.perf_counter() - t_load
     try:
         params = default_params(config)

@@ -29,6 +29,7 @@ async def run_api(config: Config, host: str | None = None, port: int | None = No
     from bot.http import start_server
 
     services = Services(config, build_synthesizer(config))
+    await services.synthesizer.warm_up()
     runner: Any = await start_server(services, host, port)
     try:
         await _wait_for_signal()
@@ -45,6 +46,7 @@ async def run_bot_and_api(config: Config, token: str) -> None:
     from bot.store import Store
 
     synthesizer = build_synthesizer(config)
+    await synthesizer.warm_up()
     store = Store(config.discord.database)
     await store.open()
     services = Services(config, synthesizer, store)

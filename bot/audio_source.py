@@ -62,7 +62,7 @@ class StreamAudioSource(discord.AudioSource):
         self._finished = threading.Event()  # a read returned b""
         self._resampler: StreamResampler | None = None
         self._rate_in = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = _running_loop()  # where feed/wait_ready run
         self._space = asyncio.Event()  # set from the player thread when a waiting producer may continue
         self._waiting = False
         self._ready = asyncio.Event()  # a first frame is buffered, or the end is marked
@@ -98,6 +98,7 @@ class StreamAudioSource(discord.AudioSource):
         tail = b""
         if self._resampler is not None:
             tail = self._convert(np.zeros(0, dtype=np.float32), self._rate_in, last=True)
+            self._resampler = None  # flushed; release the native filter state now
         with self._lock:
             if not self._stopped:
                 self._buf += tail
@@ -106,6 +107,7 @@ class StreamAudioSource(discord.AudioSource):
 
     async def wait_ready(self) -> None:
         """Return once a first frame is buffered (playback may start) or the end is marked."""
+        self._loop = asyncio.get_running_loop()
         await self._ready.wait()
 
     def _convert(self, x: np.ndarray, sample_rate: int, *, last: bool) -> bytes:
@@ -236,3 +238,11 @@ class StreamAudioSource(discord.AudioSource):
         """Seconds of audio waiting in the buffer."""
         with self._lock:
             return len(self._buf) / (DISCORD_SAMPLE_RATE * DISCORD_CHANNELS * 2)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running event loop, or None outside one."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -237,7 +237,7 @@ class GuildSpeaker:
                 channel.connect(timeout=self._connect_timeout_s, reconnect=True, self_deaf=True),
                 self._connect_timeout_s + 1.0,
             )
-        except asyncio.TimeoutError as e:
+        except TimeoutError as e:
             raise VoiceConnectionError(
                 f"joining {_channel_name(channel)} timed out: check that I can see it and have the Connect permission"
             ) from e
@@ -466,7 +466,7 @@ class GuildSpeaker:
                 return None
             try:
                 await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return None
         return self._queue.popleft()
 
@@ -498,7 +498,7 @@ class GuildSpeaker:
                 reconnects += 1
                 if reconnects > RECONNECT_ATTEMPTS:
                     raise VoiceConnectionError("the voice connection keeps dropping; try /join again")
-                log.warning("guild %d: voice dropped mid-message, resuming after reconnect", self.guild_id)
+                log.warning("guild %d: voice dropped mid-message; resuming once reconnected", self.guild_id)
             await producer  # a synthesis error surfaces after what was made has been played
             self.items_spoken += 1
         finally:

@@ -83,7 +83,9 @@ class SpeechService:
         May be set later (the cog sets it once it knows where to write).
     """
 
-    def __init__(self, synthesizer: Any, store: Store, config: Config, *, on_error: ErrorCallback | None = None) -> None:
+    def __init__(
+        self, synthesizer: Any, store: Store, config: Config, *, on_error: ErrorCallback | None = None
+    ) -> None:
         self.synthesizer = synthesizer
         self.store = store
         self.config = config

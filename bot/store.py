@@ -187,10 +187,14 @@ class SettingDef:
                 raise SettingError(f"{self.name} must be true or false, got {value!r}")
             return value
         if kind in ("int", "float"):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind == "int" and value != int(value)):
-                raise SettingError(f"{self.name} must be a{'n integer' if kind == 'int' else ' number'}, got {value!r}")
+            what = "an integer" if kind == "int" else "a number"
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SettingError(f"{self.name} must be {what}, got {value!r}")
+            if kind == "int" and value != int(value):
+                raise SettingError(f"{self.name} must be {what}, got {value!r}")
             value = int(value) if kind == "int" else float(value)
-            if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
+            too_low = self.minimum is not None and value < self.minimum
+            if too_low or (self.maximum is not None and value > self.maximum):
                 raise SettingError(f"{self.name} must be{self._range_text()}, got {value}")
             return value
         if kind in ("channel", "role"):
@@ -255,12 +259,14 @@ GUILD_SETTINGS: dict[str, SettingDef] = {
         SettingDef("require_in_voice", "guild", "bool", True, "only read members who are in the bot's voice channel"),
         SettingDef("ignore_bots", "guild", "bool", True, "do not read other bots (bots listed in bot_voices are read)"),
         SettingDef("required_role", "guild", "role", None, "role a member needs to be read (none: everyone)"),
-        SettingDef("max_seconds", "guild", "float", 30.0, "longest speech per message, seconds", minimum=1, maximum=300),
+        SettingDef("max_seconds", "guild", "float", 30.0, "longest speech per message, seconds", minimum=1,
+                   maximum=300),
         SettingDef("repeat_cap", "guild", "int", 3, "a character repeated more often is cut to this", minimum=1,
                    maximum=20),
         SettingDef("default_voice", "guild", "voice", None, "voice for members who have none"),
         SettingDef("default_language", "guild", "choice", "auto", "language of messages", choices=_LANG_CHOICES),
-        SettingDef("emoji_mode", "guild", "choice", "name", "custom emoji: say the name or skip", choices=("name", "skip")),
+        SettingDef("emoji_mode", "guild", "choice", "name", "custom emoji: say the name or skip",
+                   choices=("name", "skip")),
         SettingDef("clone_role", "guild", "role", None, "role a member needs to clone a voice (none: everyone)"),
         SettingDef("cloning_enabled", "guild", "bool", True, "members may clone voices here"),
         SettingDef("chat_enabled", "guild", "bool", True, "members may talk to the chat model (/ask)"),
@@ -353,7 +359,9 @@ class Store:
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             migrate(conn)
         except sqlite3.Error as e:
-            raise StoreError(f"cannot open the database {self.path}: {e} (check discord.database in config.yaml)") from e
+            raise StoreError(
+                f"cannot open the database {self.path}: {e} (check discord.database in config.yaml)"
+            ) from e
         return conn
 
     async def close(self) -> None:

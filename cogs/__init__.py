@@ -12,4 +12,5 @@ EXTENSIONS: tuple[str, ...] = (
     "cogs.voices",  # /voice ..., /forget-me
     "cogs.settings",  # /settings, /set guild, /set user
     "cogs.phrases",  # /phrases add|list|remove
+    "cogs.chat",  # /ask prompt|reset, answering mentions (chat model)
 )

@@ -94,9 +94,11 @@ class Synthesizer:
 
         Closing the iterator or cancelling the consuming task stops the model work within one GPT step.
         """
-        if self._inflight >= self.limits.queue_size:
+        # "Busy" is about work waiting for the model, not about open streams (a playing stream holds no work).
+        if self.worker.queue_depth >= self.limits.queue_size:
             self.counters["busy"] += 1
-            raise BusyError(f"the speech queue is full ({self.limits.queue_size} requests); try again in a moment")
+            raise BusyError(f"the speech queue is full ({self.limits.queue_size} jobs waiting for the model); "
+                            f"try again in a moment")
         v = self._resolve_voice(voice)
         p = params or self.defaults
         deadline = deadline if deadline is not None else time.monotonic() + self.limits.deadline_s
@@ -329,6 +331,14 @@ class Synthesizer:
         return done
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------
+
+    async def warm_up(self) -> None:
+        """Load the text front-end's dictionaries now, so the first request does not pay for them."""
+        for text, lang in (("Hello 42, how are you?", "en"), ("你好，一二三。", "zh")):
+            try:
+                await asyncio.to_thread(text_to_phonemes, text, lang)
+            except SpeechError as e:  # a missing optional language must not stop the process
+                log.warning("text front-end warm-up for %s failed: %s", lang, e)
 
     def metrics(self) -> dict[str, object]:
         c = self.counters

@@ -48,6 +48,9 @@ SOVITS_SIZES = {  # (inter=hidden, filter, heads, layers, gin, upsample_initial_
     "tiny": (64, 256, 2, 2, 128, 64),
     "real": (192, 768, 2, 6, 512, 512),
 }
+# Attention and FFN outputs are scaled down so the residual stream keeps the input through 24 post-LN layers; at
+# full scale a random deep post-LN stack forgets its input and every step gives the same logits.
+BRANCH_GAIN = 0.25
 # Logit added to EOS at every step, so random weights stop after a few dozen tokens (tuned by measurement).
 EOS_LOGIT_OFFSET = {"tiny": 3.0, "real": 3.0}
 CONV_POST_GAIN = {"tiny": 1.0, "real": 1.0}  # keeps random SoVITS audio well inside (-1, 1)
@@ -134,11 +137,11 @@ def gpt_state_dict(size: str, seed: int) -> OrderedDict[str, torch.Tensor]:
         p = f"h.layers.{i}."
         sd[p + "self_attn.in_proj_weight"] = randn(3 * dim, dim) / math.sqrt(dim)
         sd[p + "self_attn.in_proj_bias"] = 0.05 * randn(3 * dim)
-        sd[p + "self_attn.out_proj.weight"] = randn(dim, dim) / math.sqrt(dim)
+        sd[p + "self_attn.out_proj.weight"] = BRANCH_GAIN * randn(dim, dim) / math.sqrt(dim)
         sd[p + "self_attn.out_proj.bias"] = 0.05 * randn(dim)
         sd[p + "linear1.weight"] = randn(4 * dim, dim) / math.sqrt(dim)
         sd[p + "linear1.bias"] = 0.05 * randn(4 * dim)
-        sd[p + "linear2.weight"] = randn(dim, 4 * dim) / math.sqrt(4 * dim)
+        sd[p + "linear2.weight"] = BRANCH_GAIN * randn(dim, 4 * dim) / math.sqrt(4 * dim)
         sd[p + "linear2.bias"] = 0.05 * randn(dim)
         for n in ("norm1", "norm2"):
             sd[p + n + ".weight"] = 1.0 + 0.1 * randn(dim)

@@ -1,6 +1,6 @@
 """The text front-end: sentence splitting (batch and streaming), language pieces, G2P to v2 phone ids.
 
-Dictionaries and models (CMU, jieba, pypinyin, the g2p_en GRU) load on first use, so importing is cheap.
+Dictionaries and models (CMU, jieba, pypinyin, the g2p_en GRU, OpenJTalk) load on first use, so importing is cheap.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import numpy as np
 from engines.base import BERT_DIM
 from synthesis.types import LANGUAGES
 
-from . import chinese, english
+from . import chinese, english, japanese
 from .errors import TextError
 from .language import segment_languages
 from .symbols import phones_to_ids
@@ -23,9 +23,8 @@ MIN_PHONES = 6  # fewer phones than this: retry on "." + text (upstream)
 BertFn = Callable[[str, Sequence[int]], np.ndarray]  # (norm_text, word2ph) -> [1024, sum(word2ph)] float32
 
 _UNSUPPORTED = {
-    "ja": "Japanese needs a Japanese G2P (pyopenjtalk), which this build does not include; use en or zh",
-    "ko": "Korean needs g2pk2 and a MeCab dictionary, which this build does not include; use en or zh",
-    "yue": "Cantonese needs ToJyutping, which this build does not include; use zh (Mandarin) or en",
+    "ko": "Korean needs g2pk2 and a MeCab dictionary, which this build does not include; use en, zh or ja",
+    "yue": "Cantonese needs ToJyutping, which this build does not include; use zh (Mandarin), en or ja",
 }
 
 
@@ -36,7 +35,7 @@ class Piece:
     Attributes
     ----------
     text: the piece as written.
-    lang: ``en`` or ``zh``.
+    lang: ``en``, ``zh`` or ``ja``.
     norm_text: the normalised text G2P read (for ``zh``, one char per ``word2ph`` entry: BERT's input).
     start, end: the piece's phones are ``ids[start:end]``.
     word2ph: phones per char of ``norm_text`` (``zh``), else None.
@@ -75,6 +74,9 @@ def _g2p(text: str, lang: str) -> tuple[str, list[str], list[int] | None]:
         norm = chinese.normalize(text)
         phones, word2ph = chinese.g2p(norm)
         return norm, phones, word2ph
+    if lang == "ja":
+        norm = japanese.normalize(text)
+        return norm, japanese.g2p(norm), None
     raise TextError(f"cannot read {text!r}: {_UNSUPPORTED.get(lang, f'language {lang!r} is not supported')}")
 
 
@@ -102,7 +104,7 @@ def text_to_phonemes(text: str, language: str = "auto") -> Phonemes:
     text:
         A sentence (see :func:`synthesis.text.split.split_sentences`).
     language:
-        One of ``synthesis.types.LANGUAGES``. English and Mandarin are read; Japanese, Korean and Cantonese
+        One of ``synthesis.types.LANGUAGES``. English, Mandarin and Japanese are read; Korean and Cantonese
         pieces raise :class:`TextError`.
 
     Raises
@@ -118,7 +120,7 @@ def text_to_phonemes(text: str, language: str = "auto") -> Phonemes:
     if len(result.ids) < MIN_PHONES:
         result = _convert("." + text, language)
     if len(result.ids) == 0:
-        raise TextError(f"nothing speakable in {text!r}: write words in English or Chinese")
+        raise TextError(f"nothing speakable in {text!r}: write words in English, Chinese or Japanese")
     return result
 
 

@@ -226,7 +226,11 @@ async def test_phrase_limit(store: Store) -> None:
 
 async def test_journal_pops_once_per_guild(store: Store) -> None:
     await store.write_journal(
-        [JournalEntry(G1, ALICE, "first", 10.0), JournalEntry(G2, BOB, "other", 11.0), JournalEntry(G1, BOB, "second", 12.0)]
+        [
+            JournalEntry(G1, ALICE, "first", 10.0),
+            JournalEntry(G2, BOB, "other", 11.0),
+            JournalEntry(G1, BOB, "second", 12.0),
+        ]
     )
     assert [(e.author_id, e.summary) for e in await store.pop_journal(G1)] == [(ALICE, "first"), (BOB, "second")]
     assert await store.pop_journal(G1) == []

@@ -124,7 +124,11 @@ def test_repeat_cap(cap: int, raw: str, expected: str) -> None:
         ([FileInfo("a.png", "image/png")], "", "sent an image"),
         ([FileInfo("a.png"), FileInfo("b.JPG")], "", "sent 2 images"),
         ([FileInfo("clip.mp4"), FileInfo("notes.pdf", "application/pdf")], "", "sent a video and a file"),
-        ([FileInfo("v.ogg", "audio/ogg"), FileInfo("x.bin"), FileInfo("y.bin"), FileInfo("z.gif")], "", "sent an image, an audio file and 2 files"),
+        (
+            [FileInfo("v.ogg", "audio/ogg"), FileInfo("x.bin"), FileInfo("y.bin"), FileInfo("z.gif")],
+            "",
+            "sent an image, an audio file and 2 files",
+        ),
         ([FileInfo("a.png", "image/png")], "look at this", "look at this. Sent an image."),
         ([FileInfo("a.png", "image/png")], "look!", "look! Sent an image."),
         ([FileInfo("a.png", "image/png")], "😀", "sent an image"),
@@ -186,8 +190,8 @@ async def _pieces(parts: list[str]) -> AsyncIterator[str]:
         yield p
 
 
-async def _collect(parts: list[str], rules: TextRules = TextRules()) -> tuple[list[str], str]:
-    out = [p async for p in clean_stream(_pieces(parts), CTX, rules)]
+async def _collect(parts: list[str], rules: TextRules | None = None) -> tuple[list[str], str]:
+    out = [p async for p in clean_stream(_pieces(parts), CTX, rules or TextRules())]
     return out, "".join(out)
 
 

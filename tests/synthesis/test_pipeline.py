@@ -140,12 +140,16 @@ async def test_concurrent_voices_never_mix(synth):
 
 async def test_full_queue_answers_busy_at_once(synth, voice):
     synth.limits = dataclasses.replace(synth.limits, queue_size=1)
-    gen = synth.stream(THREE, voice, SEEDED)
-    await anext(gen)
+    long = " ".join(["This sentence keeps the model busy for a little while."] * 4)
+    gen = synth.stream(long, voice, SEEDED)
+    first = asyncio.create_task(anext(gen))
+    while synth.worker.queue_depth < 1:  # the first request's work is queued or running
+        await asyncio.sleep(0.001)
     t0 = time.perf_counter()
     with pytest.raises(BusyError):
         await anext(synth.stream("Another one.", voice, SEEDED))
     assert time.perf_counter() - t0 < 0.1
+    await first
     await gen.aclose()
 
 

@@ -208,7 +208,6 @@ def test_bert_features_layout() -> None:
     [
         ("", "auto", "empty"),
         ("   ", "zh", "empty"),
-        ("こんにちは", "auto", "Japanese"),
         ("안녕하세요", "auto", "Korean"),
         ("你好", "yue", "Cantonese"),
         ("hello", "fr", "unknown language"),

@@ -1,0 +1,373 @@
+"""``/ask`` and mention replies against a local OpenAI-compatible stand-in (aiohttp, SSE) that streams slowly.
+
+The chat client is the real one (``bot.chat.ChatClient``) talking HTTP to the stand-in; the speech service is the
+harness's fake, which consumes each ``say_stream`` as the speaker would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import socket
+import sys
+import time
+from typing import Any
+
+import discord
+import pytest
+from aiohttp import web
+
+from bot.chat import ChatClient
+from bot.config import ChatConfig, config_from_dict
+from bot.speaker import NotInVoice, QueueFull
+from tests.cogs.conftest import ALICE, BOB, BOT_ID, GUILD_ID, OTHER_BOT_ID, TEXT_ID, _user
+from tests.cogs.test_voices import last_reply
+
+PIECES = ["The sky", " is blue", " because air", " scatters", " blue light", " the most.", " Sunsets", " are red."]
+PIECE_DELAY_S = 0.12  # seconds between streamed pieces (the whole reply takes ~1 s)
+EDIT_S = 0.3  # the edit interval the tests run with (the shipped one is 1 s)
+
+
+class StandIn:
+    """``POST /v1/chat/completions`` (stream) that writes ``pieces`` slowly; ``mode`` picks a misbehaviour."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"  # ok | stall | garbage
+        self.pieces = list(PIECES)
+        self.requests: list[dict[str, Any]] = []
+        self.finished = False  # the last piece of the current reply has been written
+        self.release = asyncio.Event()
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.completions)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(await request.json())
+        self.finished = False
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if self.mode == "garbage":
+            await resp.write(b"data: {\"oops\": true}\n\n")
+            return resp
+        await resp.write(self._event({"role": "assistant"}))
+        if self.mode == "stall":
+            await resp.write(self._event({"content": "Let me think."}))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.release.wait(), 5)
+            return resp
+        for piece in self.pieces:
+            await asyncio.sleep(PIECE_DELAY_S)
+            await resp.write(self._event({"content": piece}))
+        self.finished = True
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    @staticmethod
+    def _event(delta: dict[str, Any]) -> bytes:
+        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "tiny",
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+@pytest.fixture
+async def standin():
+    s = StandIn()
+    await s.start()
+    yield s
+    s.release.set()
+    assert s.runner is not None
+    await s.runner.cleanup()
+
+
+def chat_section(url: str, **kw: Any) -> dict[str, Any]:
+    return {"enabled": True, "base_url": url, "model": "tiny", "api_key_env": "VOICEBOT_TEST_CHAT_KEY",
+            "system_prompt": "Be brief.", "memory_messages": 4, "timeout_s": 1.0, **kw}
+
+
+@pytest.fixture
+def config(tmp_path, standin):
+    """The harness's config with the chat model on, pointing at the stand-in."""
+    return config_from_dict({"discord": {"max_attachment_mb": 1.0, "database": str(tmp_path / "bot.sqlite3")},
+                             "phrases": ["Hello!"], "chat": chat_section(standin.url)}, base_dir=tmp_path)
+
+
+@pytest.fixture
+def fast_edits(monkeypatch):
+    # load_extension gives the cog a fresh module object: patch the one it runs in
+    monkeypatch.setattr(sys.modules["cogs.chat"], "EDIT_INTERVAL_S", EDIT_S)
+
+
+def edits_of(h, token: str) -> list:
+    return [c for c in h.adapter.for_token(token) if c.method == "PATCH"]
+
+
+def record_speech(h, standin: StandIn) -> list[tuple[str, bool]]:
+    """Wrap say_stream: each piece speech receives, with whether the stand-in had finished writing by then."""
+    got: list[tuple[str, bool]] = []
+    speech = h.services.speech
+    original = speech.say_stream
+
+    async def say_stream(guild, member, pieces, *, voice=None):
+        async def watched():
+            async for piece in pieces:
+                got.append((piece, standin.finished))
+                yield piece
+        return await original(guild, member, watched(), voice=voice)
+
+    speech.say_stream = say_stream
+    return got
+
+
+def dead_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+# ---- /ask prompt ---------------------------------------------------------------------------------------------------
+
+async def test_ask_speaks_the_first_piece_and_edits_while_the_model_writes(harness, standin, fast_edits):
+    h = harness
+    voice = h.services.synthesizer.voices.add("alice-voice", ALICE)
+    heard = record_speech(h, standin)
+    edit_times: list[tuple[float, bool]] = []
+    request = h.adapter.request
+
+    async def timed(route, *a, **kw):
+        if route.method == "PATCH":
+            edit_times.append((time.monotonic(), standin.finished))
+        return await request(route, *a, **kw)
+
+    h.adapter.request = timed
+    token = await h.slash("ask prompt", ALICE, text="Why is the sky blue?")
+
+    calls = h.adapter.for_token(token)
+    assert calls[0].payload == {"type": 5}  # deferred in public: the reply is for the channel
+    assert h.services.speech.calls == [("say_stream", ALICE, voice.id)]  # in the asker's voice
+    await asyncio.wait_for(h.services.speech.consumers[0], 2)
+    assert "".join(p for p, _ in heard) == "".join(PIECES)
+    assert heard[0] == (PIECES[0], False)  # speech had the first words while the model was still writing
+    full = "".join(PIECES)
+    assert h.adapter.original_content(token) == f"> Why is the sky blue?\n{full}"
+    # the message grew while the model wrote, at most one edit per EDIT_S, plus the final edit
+    assert edit_times[0][1] is False and edit_times[-1][1] is True
+    assert 2 <= len(edit_times) < len(PIECES)
+    gaps = [b[0] - a[0] for a, b in zip(edit_times[:-2], edit_times[1:-1])]
+    assert all(g >= 0.9 * EDIT_S for g in gaps), gaps
+    assert standin.requests[0]["messages"] == [{"role": "system", "content": "Be brief."},
+                                               {"role": "user", "content": "Why is the sky blue?"}]
+
+
+async def test_conversation_memory_is_per_channel_and_reset_forgets_it(harness, standin):
+    h = harness
+    standin.pieces = ["Four."]
+    await h.slash("ask prompt", ALICE, text="What is 2+2?")
+    standin.pieces = ["Eight."]
+    await h.slash("ask prompt", BOB, text="And doubled?")
+    assert standin.requests[1]["messages"][1:] == [
+        {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "Four."},
+        {"role": "user", "content": "And doubled?"}]
+    token = await h.slash("ask reset", BOB)
+    assert last_reply(h, token) == (
+        "Bob cleared my memory of this channel's conversation; the next question starts afresh.", False)
+    await h.slash("ask prompt", ALICE, text="Hi")
+    assert standin.requests[2]["messages"] == [{"role": "system", "content": "Be brief."},
+                                               {"role": "user", "content": "Hi"}]
+
+
+async def test_questions_in_one_channel_are_answered_in_order(harness, standin):
+    h = harness
+    standin.pieces = ["One", " two."]
+    t1, task1 = h.start_slash("ask prompt", ALICE, text="first")
+    t2, task2 = h.start_slash("ask prompt", BOB, text="second")
+    await asyncio.wait_for(asyncio.gather(task1, task2), 5)
+    # the second question was sent only after the first answer was complete, with it in the memory
+    assert [r["messages"][-1]["content"] for r in standin.requests] == ["first", "second"]
+    assert standin.requests[1]["messages"][1:3] == [{"role": "user", "content": "first"},
+                                                    {"role": "assistant", "content": "One two."}]
+    assert h.adapter.original_content(t2) == "> second\nOne two."
+
+
+async def test_chat_off_in_the_config_or_the_guild_is_explained(harness, standin):
+    h = harness
+    await h.services.store.set_guild_setting(GUILD_ID, "chat_enabled", False)
+    token = await h.slash("ask prompt", ALICE, text="hello?")
+    assert last_reply(h, token) == (
+        "The chat model is turned off in this server; an admin can turn it on with /set guild chat_enabled true.",
+        True)
+    config = h.services.config
+    h.services.config = config_from_dict({"chat": {"enabled": False}})
+    token = await h.slash("ask prompt", ALICE, text="hello?")
+    assert last_reply(h, token) == (
+        "The chat model is off: the bot's operator can turn it on with chat.enabled in config.yaml.", True)
+    h.services.config = config
+    assert standin.requests == [] and h.services.speech.calls == []
+
+
+async def test_a_down_endpoint_gives_the_asker_a_clear_message(harness, standin):
+    h = harness
+    url = dead_url()
+    h.services.chat = ChatClient(ChatConfig(**chat_section(url)))
+    try:
+        token = await h.slash("ask prompt", ALICE, text="anyone there?")
+    finally:
+        await h.services.chat.close()
+    assert last_reply(h, token) == (
+        f"Cannot reach the chat model at {url}: is the server running, and is chat.base_url right?", True)
+    # the public "thinking…" was removed, not left hanging
+    assert [(c.method, c.path.rsplit("/", 1)[-1]) for c in h.adapter.for_token(token)][1] == ("DELETE", "@original")
+    assert edits_of(h, token) == []
+
+
+async def test_garbage_from_the_endpoint_gives_a_clear_message(harness, standin):
+    h = harness
+    standin.mode = "garbage"
+    token = await h.slash("ask prompt", ALICE, text="hello")
+    text, ephemeral = last_reply(h, token)
+    assert ephemeral and "is not an OpenAI-compatible chat stream" in text and "chat.base_url" in text
+
+
+async def test_a_slow_endpoint_is_cut_off_and_never_blocks_other_speech(harness, standin, fast_edits):
+    h = harness
+    standin.mode = "stall"
+    chat = h.bot.get_cog("ChatCog")._own_client
+    chat.config = dataclasses.replace(chat.config, timeout_s=0.5)
+    heard = record_speech(h, standin)
+    token, task = h.start_slash("ask prompt", ALICE, text="Tell me a story")
+    await h.wait_for(lambda: heard)  # the model wrote its first words, then stalls
+    say_token = await h.slash("say", BOB, text="meanwhile")  # the event loop is free
+    assert not task.done() and last_reply(h, say_token) == ("Speaking.", True)  # answered while /ask waits
+    await asyncio.wait_for(task, 3)
+    assert h.adapter.original_content(token) == (
+        "> Tell me a story\nLet me think.\n-# (cut off: The chat model at "
+        f"{standin.url} sent nothing for 0.5 s (chat.timeout_s): it may be busy or still loading the model; "
+        "try again, or raise chat.timeout_s)")
+    await asyncio.wait_for(h.services.speech.consumers[0], 2)  # speech ended with what was written
+    assert [p for p, _ in heard] == ["Let me think."]
+
+
+async def test_speech_refusals_do_not_stop_the_text_reply(harness, standin, monkeypatch):
+    h = harness
+    standin.pieces = ["Fine", ", thanks."]
+    speech = h.services.speech
+
+    async def full(*a, **kw):
+        raise QueueFull("the queue is full (20 messages); try again when some have been read")
+
+    monkeypatch.setattr(speech, "say_stream", full)
+    token = await h.slash("ask prompt", ALICE, text="How are you?")
+    assert h.adapter.original_content(token) == "> How are you?\nFine, thanks."
+    assert last_reply(h, token) == (
+        "I could not speak the reply: the queue is full (20 messages); try again when some have been read", True)
+
+    async def not_in_voice(*a, **kw):
+        raise NotInVoice("I'm not in a voice channel: join one and use /join")
+
+    monkeypatch.setattr(speech, "say_stream", not_in_voice)
+    token = await h.slash("ask prompt", BOB, text="And you?")
+    assert last_reply(h, token) == ("> And you?\nFine, thanks.", False)  # a text answer is all Bob wanted
+
+
+# ---- mentions ------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def channel_rest(harness, monkeypatch):
+    """Record the channel messages the bot sends and edits (REST, not interaction webhooks)."""
+    h = harness
+    log: list[tuple[str, int, str]] = []
+
+    async def send_message(channel_id, *, params):
+        mid = next(h.ids)
+        log.append(("send", mid, params.payload["content"]))
+        assert params.payload["allowed_mentions"]["parse"] == []
+        return h.message_payload(BOT_ID, params.payload["content"], channel_id=int(channel_id), mid=mid)
+
+    async def edit_message(channel_id, message_id, *, params):
+        log.append(("edit", int(message_id), params.payload["content"]))
+        return h.message_payload(BOT_ID, params.payload["content"], channel_id=int(channel_id), mid=int(message_id))
+
+    monkeypatch.setattr(h.bot.http, "send_message", send_message)
+    monkeypatch.setattr(h.bot.http, "edit_message", edit_message)
+    return log
+
+
+def mention(h, author: int, content: str, mentions: list[int]) -> discord.Message:
+    data = h.message_payload(author, content, channel_id=TEXT_ID)
+    data["mentions"] = [_user(uid, "voicebot" if uid == BOT_ID else "bob", uid == BOT_ID) for uid in mentions]
+    return discord.Message(state=h.state, channel=h.guild.get_channel(TEXT_ID), data=data)
+
+
+async def test_mentions_are_answered_only_where_the_guild_allows(harness, standin, channel_rest, fast_edits):
+    h = harness
+    cog = h.bot.get_cog("ChatCog")
+    question = mention(h, ALICE, f"<@{BOT_ID}> is <@{BOB}> right about the sky?", [BOT_ID, BOB])
+    await cog.on_message(question)  # mention_chat is off by default
+    assert channel_rest == [] and standin.requests == []
+    await h.services.store.set_guild_setting(GUILD_ID, "mention_chat", True)
+    await cog.on_message(mention(h, OTHER_BOT_ID, f"<@{BOT_ID}> hi", [BOT_ID]))  # never answer bots
+    await cog.on_message(mention(h, ALICE, "no mention of the bot here", []))
+    assert channel_rest == []
+    await cog.on_message(question)
+    assert standin.requests[0]["messages"][-1] == {"role": "user", "content": "is @Bob right about the sky?"}
+    (mid,) = {m for _, m, _ in channel_rest}
+    assert channel_rest[0] == ("send", mid, "…")  # at once, replaced by the model's words as they come
+    assert channel_rest[-1] == ("edit", mid, "".join(PIECES))
+    assert 2 <= len(channel_rest) - 1 < len(PIECES)
+    assert h.services.speech.calls == [("say_stream", ALICE, None)]
+    await asyncio.wait_for(h.services.speech.consumers[0], 2)
+    assert "".join(h.services.speech.streams[0]) == "".join(PIECES)
+
+
+async def test_a_mention_to_a_broken_endpoint_is_answered_with_the_reason(harness, standin, channel_rest):
+    h = harness
+    cog = h.bot.get_cog("ChatCog")
+    await h.services.store.set_guild_setting(GUILD_ID, "mention_chat", True)
+    standin.mode = "garbage"
+    await cog.on_message(mention(h, ALICE, f"<@{BOT_ID}> hello", [BOT_ID]))
+    assert channel_rest[0][2] == "…"
+    assert "is not an OpenAI-compatible chat stream" in channel_rest[-1][2] and channel_rest[-1][0] == "edit"
+    await cog.on_message(mention(h, ALICE, f"<@{BOT_ID}>", [BOT_ID]))
+    assert channel_rest[-1][2].startswith("Mention me together with a question")
+
+
+# ---- long replies --------------------------------------------------------------------------------------------------
+
+async def test_a_long_reply_continues_in_new_messages():
+    from cogs.chat import MESSAGE_CHARS, _LiveReply
+
+    shown: dict[int, str] = {}
+
+    class Sent:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        async def edit(self, *, content: str, allowed_mentions) -> None:
+            shown[self.n] = content
+
+    async def edit_first(content: str) -> None:
+        shown[0] = content
+
+    async def send_next(content: str) -> Sent:
+        shown[len(shown)] = content
+        return Sent(len(shown) - 1)
+
+    words = [f"word{i:04d}" for i in range(500)]  # 4,499 characters
+    reply = _LiveReply(edit_first, send_next, header="> q\n")
+    reply.start()
+    for w in words:
+        reply.append(w + " ")
+    await reply.finish()
+    assert reply.messages == len(shown) == 3
+    assert all(len(c) <= MESSAGE_CHARS for c in shown.values())
+    assert shown[0].startswith("> q\nword0000 ")
+    assert " ".join(shown[i] for i in range(3)).removeprefix("> q\n").split() == words
