@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("bench", parents=[common], help="benchmark the engines (prints a table)")
     sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     sp.add_argument("--sizes", default="tiny,real")
-    sp.add_argument("--engines", default="naive,torch,onnx")
+    sp.add_argument("--engines", default="naive,torch,onnx,pipeline",
+                    help="any of naive, torch, int8, onnx, pipeline")
     sp.add_argument("--batches", default="1,8")
     sp.add_argument("--steps", type=int, default=48, help="decode steps per measurement")
     return p

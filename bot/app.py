@@ -51,6 +51,10 @@ async def run_bot_and_api(config: Config, token: str) -> None:
     await store.open()
     services = Services(config, synthesizer, store)
     services.speech = SpeechService(synthesizer, store, config)
+    if config.chat.enabled:
+        from bot.chat import ChatClient
+
+        services.chat = ChatClient(config.chat)
     runner: Any = None
     try:
         if config.http.enabled:
@@ -63,9 +67,9 @@ async def run_bot_and_api(config: Config, token: str) -> None:
             if bot_task in done:
                 bot_task.result()  # raises e.g. LoginFailure with its message
     finally:
-        if services.speech is not None:
-            await services.speech.shutdown()
         if runner is not None:
             await runner.cleanup()
+        if services.chat is not None:
+            await services.chat.close()
         await store.close()
         await synthesizer.close()

@@ -9,6 +9,7 @@ decoding runs for exactly the requested number of steps (``early_stop_num``).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import resource
@@ -156,12 +157,13 @@ def _naive_gpt(engine: Any) -> Callable[[Any], np.ndarray]:
 
 
 def bench_size(size: str, engines: list[str], batches: list[int], steps: int, device: str,
-               threads: int) -> list[Row]:
+               threads: int) -> tuple[list[Row], list[PipelineRow]]:
     from engines.gpt_sovits.tiny import write_model_set
     from engines.loader import set_cpu_threads
     from engines.torch_engine import TorchEngine
 
     rows: list[Row] = []
+    pipeline_rows: list[PipelineRow] = []
     if device == "cpu":
         set_cpu_threads(threads)
     with tempfile.TemporaryDirectory(prefix=f"voicebot-bench-{size}-") as tmp:
@@ -194,7 +196,88 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
                     log.info("torch %s %s b%d: %.1f tok/s", prec, size, b, tps)
         if "onnx" in engines:
             rows.extend(_bench_onnx(models, Path(tmp), size, batches, steps, device, threads))
+        if "pipeline" in engines:
+            pipeline_rows.extend(asyncio.run(_bench_pipeline(models, Path(tmp), size, device)))
+    return rows, pipeline_rows
+
+
+@dataclass
+class PipelineRow:
+    size: str
+    case: str  # cold | prosody-hit | audio-hit
+    ttfa_s: float
+    rtf: float
+    audio_s: float
+
+
+PIPELINE_TEXT = ("The weather is lovely this morning. We could walk to the river after lunch. "
+                 "Bring a jacket, it may rain later.")
+
+
+def synthetic_speech(seconds: float = 5.0, f0: float = 130.0, seed: int = 0, sr: int = 32000) -> bytes:
+    """WAV bytes of voiced syllables with pauses: a stand-in recording for benchmarks (no real voices here)."""
+    import io
+
+    import soundfile as sf
+
+    rng = np.random.default_rng(seed)
+    n = int(seconds * sr)
+    t = np.arange(n) / sr
+    phase = 2 * np.pi * np.cumsum(f0 * (1 + 0.05 * np.sin(2 * np.pi * 0.8 * t))) / sr
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 9))
+    env = np.zeros(n)
+    pos = int(0.2 * sr)
+    while pos < n - int(0.3 * sr):
+        length = int(rng.uniform(0.12, 0.25) * sr)
+        env[pos:pos + length] = np.hanning(length)
+        pos += length + int(rng.uniform(0.04, 0.3) * sr)
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * voiced * env + 0.002 * rng.standard_normal(n)).astype(np.float32), sr, format="WAV")
+    return buf.getvalue()
+
+
+async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str) -> list[PipelineRow]:
+    """Synthesizer.stream end to end (text front-end, GPT, SoVITS, caches), cold / prosody-hit / audio-hit."""
+    import dataclasses
+
+    from bot.config import Config, config_from_dict
+    from bot.services import build_synthesizer
+    from synthesis.types import SynthesisParams
+
+    cfg: Config = config_from_dict({
+        "models": {k: str(getattr(models, k)) for k in ("gpt", "sovits", "hubert", "bert")},
+        "engine": {"backend": "torch", "device": "cpu" if device == "cpu" else "cuda"},
+        "voices": {"dir": str(tmp / "voices")}, "cache": {"dir": str(tmp / "cache")},
+    })
+    synth = build_synthesizer(cfg)
+    rows = []
+    try:
+        await synth.warm_up()
+        voice, _ = await synth.create_voice("bench", synthetic_speech(), "bench.wav", language="en",
+                                            transcript="This is a short recording of my voice.",
+                                            consent={"user_id": 0, "text": "synthetic benchmark signal"})
+        params = SynthesisParams(language="en", seed=7)
+        faster = dataclasses.replace(params, speed=1.05)  # same prosody key, new audio key
+        for case, p in (("cold", params), ("prosody-hit", faster), ("audio-hit", faster)):
+            t0 = time.perf_counter()
+            ttfa = None
+            audio = 0
+            async for chunk in synth.stream(PIPELINE_TEXT, voice, p):
+                ttfa = ttfa if ttfa is not None else time.perf_counter() - t0
+                audio += chunk.audio.size
+            total = time.perf_counter() - t0
+            rows.append(PipelineRow(size, case, ttfa or 0.0, total / (audio / 32000), audio / 32000))
+        await synth.delete_voice(voice.id)
+    finally:
+        await synth.close()
     return rows
+
+
+def format_pipeline_table(rows: list[PipelineRow]) -> str:
+    head = f"{'size':5} {'case':12} {'ttfa s':>8} {'RTF':>7} {'audio s':>8}"
+    lines = [f"Synthesizer.stream, 3 sentences ({len(PIPELINE_TEXT.split())} words):", head, "-" * len(head)]
+    lines += [f"{r.size:5} {r.case:12} {r.ttfa_s:8.3f} {r.rtf:7.3f} {r.audio_s:8.2f}" for r in rows]
+    return "\n".join(lines)
 
 
 def _bench_onnx(models: Any, tmp: Path, size: str, batches: list[int], steps: int, device: str,
@@ -239,10 +322,17 @@ def run_bench(config: Any, args: argparse.Namespace) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     batches = [int(b) for b in args.batches.split(",")]
     rows: list[Row] = []
+    pipeline_rows: list[PipelineRow] = []
     for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
-        rows.extend(bench_size(size, engines, batches, args.steps, device, config.engine.threads))
+        r, p = bench_size(size, engines, batches, args.steps, device, config.engine.threads)
+        rows.extend(r)
+        pipeline_rows.extend(p)
     print(format_table(rows))
+    if pipeline_rows:
+        print()
+        print(format_pipeline_table(pipeline_rows))
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        args.json.write_text(json.dumps([asdict(r) for r in rows] + [
+            {"engine": "pipeline", **asdict(p)} for p in pipeline_rows], indent=1))
         print(f"wrote {args.json}")
     return 0

@@ -14,6 +14,7 @@ from synthesis.types import SynthesisParams
 from synthesis.voices import VoiceStore
 
 if TYPE_CHECKING:
+    from bot.chat import ChatClient
     from bot.speech import SpeechService
     from bot.store import Store
 
@@ -28,6 +29,7 @@ class Services:
     synthesizer: Synthesizer
     store: "Store | None" = None
     speech: "SpeechService | None" = None
+    chat: "ChatClient | None" = None  # only when config.chat.enabled
 
 
 def default_params(config: Config) -> SynthesisParams:

@@ -321,12 +321,11 @@ class ChatCog(ReplyingCog):
                 speaking = _spawn(self._speak(guild, member, tee.pieces()), f"speaking a chat reply in {guild.id}")
             reply.start()
             chat_error: ChatError | None = None
-            held = []
             try:
                 async with contextlib.aclosing(chat.stream_reply(channel_id, prompt)) as pieces:
                     async for piece in pieces:
+                        tee.put(piece)  # first: speech must not wait for an edit
                         reply.append(piece)
-                        held.append(piece)
             except ChatError as e:
                 log.info("chat reply in channel %d failed: %s", channel_id, e)
                 chat_error = e
@@ -334,7 +333,6 @@ class ChatCog(ReplyingCog):
                 tee.close()
                 reply.abandon()
                 raise
-            for p_ in held: tee.put(p_)
             tee.close()
             note = _cut_off_note(chat_error) if chat_error is not None and reply.has_text else ""
             await reply.finish(note)

@@ -306,6 +306,11 @@ async def test_ask_speaks_before_the_chat_model_finishes(env: BotEnv) -> None:
     await standin.wait_for(lambda: model.finished_at is not None, 10, "the chat model finished")
     print(f"\n/ask: first RTP packet {1000 * (model.finished_at - first.at):.0f} ms before the chat model finished; "
           f"interaction -> first RTP packet {1000 * (first.at - standin.interactions[iid].created_at):.0f} ms")
+    rec0 = env.synth.streams[0]
+    t0 = standin.interactions[iid].created_at
+    print("stream opened", rec0.started_at - t0, "pieces", [(round(t - t0, 3), p) for t, p in rec0.pieces][:6],
+          "chunks", [(round(t - t0, 3), c.sentence) for t, c in rec0.chunks], "first", first.at - t0,
+          "model first piece", model.first_piece_at - t0, "done", model.finished_at - t0)
     assert first.at < model.finished_at
     assert model.requests[0]["messages"][-1] == {"role": "user", "content": "What is the weather like?"}
 
