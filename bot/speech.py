@@ -167,6 +167,7 @@ class SpeechService:
         *,
         source: str = "slash",
         attachments: Sequence[Any] = (),
+        mentions: Sequence[Any] = (),
         voice: Voice | None = None,
     ) -> SayResult:
         """Read a member's text aloud in the guild's voice channel.
@@ -184,6 +185,9 @@ class SpeechService:
             ``autojoin``; "chat" skips the reading policy.
         attachments:
             The message's attachments (``filename``, ``content_type``), summarised as "sent an image".
+        mentions:
+            The users the message mentions (``id``, ``display_name``): Discord sends them with every message,
+            so names resolve without the members intent.
         voice:
             Force a voice (otherwise chosen as the module docstring says).
 
@@ -203,7 +207,7 @@ class SpeechService:
         chosen = voice or await self._resolve_voice(guild.id, member, settings, user)
         params = self._params(settings, user)
         rules = self._rules(settings, params.speed)
-        ctx = await self._context(guild, text, attachments)
+        ctx = await self._context(guild, text, attachments, mentions)
         cleaned = clean_text(text, ctx, rules)
         if cleaned is None:
             raise NothingToSay("there is nothing to read in that message (only emoji, punctuation or inline code)")
@@ -395,13 +399,17 @@ class SpeechService:
         """
         return self.config.synthesis.deadline_s + PLAYBACK_ALLOWANCE * rules.max_seconds
 
-    async def _context(self, guild: Any, text: str, attachments: Sequence[Any]) -> MessageContext:
-        """Name resolvers for the guild: stored nicknames first, then Discord's names."""
+    async def _context(self, guild: Any, text: str, attachments: Sequence[Any],
+                       mentions: Sequence[Any] = ()) -> MessageContext:
+        """Name resolvers for the guild: stored nicknames first, then the message's mentions, then Discord's cache."""
         nicknames = await self.store.spoken_names(guild.id, mentioned_user_ids(text))
+        mentioned = {m.id: getattr(m, "display_name", None) or getattr(m, "name", None) for m in mentions}
 
         def user_name(uid: int) -> str | None:
             if uid in nicknames:
                 return nicknames[uid]
+            if mentioned.get(uid):
+                return mentioned[uid]
             m = _call(guild, "get_member", uid)
             return getattr(m, "display_name", None) or getattr(m, "name", None)
 

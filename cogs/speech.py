@@ -129,7 +129,7 @@ class SpeechCog(ReplyingCog):
         self._remember_channel(interaction)
         await interaction.response.defer(ephemeral=True, thinking=True)
         result = await self.speech.say(guild, member, message.content, source="context",
-                                       attachments=message.attachments)
+                                       attachments=message.attachments, mentions=message.mentions)
         await send_ephemeral(interaction, _queued_text(result.ahead))
 
     async def _ctx_menu_error(self, interaction: discord.Interaction, error: app_commands.AppCommandError) -> None:
@@ -162,7 +162,7 @@ class SpeechCog(ReplyingCog):
         if message.webhook_id is not None and settings["ignore_bots"]:
             return
         await self.speech.say(guild, message.author, message.content, source="autoread",
-                              attachments=message.attachments)
+                              attachments=message.attachments, mentions=message.mentions)
 
     # ---- following a bot that streams by editing -------------------------------------------------------------------
 

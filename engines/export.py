@@ -566,10 +566,15 @@ def build_engines(engine_cfg: _EngineSettings, models_cfg: ModelPaths, backend: 
             raise EngineError(msg) from None
         log.warning("%s", msg)
         return produced
-    from engines.loader import resolve_device
+    if not torch.cuda.is_available():
+        msg = f"no CUDA GPU is usable here, so no TensorRT engines were built (the ONNX graphs are ready in {folder})"
+        if backend == "tensorrt":
+            raise EngineError(msg + "; build on the machine that will run them")
+        log.warning("%s", msg)
+        return produced
     from engines.tensorrt_engine import build_trt_engines
 
-    device = resolve_device("cuda" if engine_cfg.device in ("auto", "cpu") else engine_cfg.device)
+    device = engine_cfg.device if engine_cfg.device.startswith("cuda:") else "cuda:0"
     engines = build_trt_engines(folder, engine_cfg.tensorrt_dir, device=device,
                                 workspace_mb=engine_cfg.tensorrt_workspace_mb, max_batch=engine_cfg.max_batch,
                                 progress=True)

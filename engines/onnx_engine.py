@@ -41,8 +41,7 @@ from engines.gpt_sovits.sovits import mean_style
 from engines.gpt_sovits.spectrogram import reference_spec_input
 # The SemanticBatch adapter (request -> decoder inputs, cache-room clamp) is the torch engine's, so both backends
 # admit and cut requests identically.
-from engines.torch_engine import MAX_CONTEXT
-from engines.torch_engine import _Batch as _Batch
+from engines.torch_engine import MAX_CONTEXT, _Batch
 
 log = logging.getLogger(__name__)
 

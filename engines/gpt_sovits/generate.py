@@ -96,6 +96,9 @@ class BatchDecoder:
             self.live = torch.zeros(max_slots, **long)  # [slots] 1 while the row still decodes
             self.eos_at = torch.full((max_slots,), -1, **long)  # [slots] step of the first EOS, -1: none yet
             self.sampler = SamplerState.allocate(max_slots, dev)
+        # What step() calls for one decode: (rows, kv_len) -> None. The torch engine may swap in a function that
+        # replays a CUDA graph captured from graphable_step for that (rows, kv_len) bucket.
+        self.run_step: Callable[[int, int], None] = self.graphable_step
         self._rows: dict[int, _Row] = {}  # slot -> row
         self._slot_of: dict[Hashable, int] = {}
         self._since_sync = 0
@@ -182,7 +185,7 @@ class BatchDecoder:
                 b = min(self.max_slots, 1 << (b - 1).bit_length())
             kv_len = max(r.prefix_len + r.steps for r in running)  # last write index + 1
             kv_len = min(self.max_len, -(-kv_len // KV_BUCKET) * KV_BUCKET)
-            self.graphable_step(b, kv_len)
+            self.run_step(b, kv_len)
             self._since_sync += 1
             for r in running:
                 r.steps += 1
@@ -204,11 +207,16 @@ class BatchDecoder:
         self._free(slot)
         return True
 
+    @property
+    def sampler_bounds(self) -> tuple[int, bool]:
+        """(top-k width, top-p on): with ``(rows, kv_len)`` the static key of one :meth:`graphable_step` shape."""
+        return self._max_top_k, self._use_top_p
+
     def graphable_step(self, rows: int, kv_len: int) -> None:
         """One decode + sample for rows ``0..rows-1`` on the static buffers, in place, with no host sync.
 
-        Shapes depend only on ``(rows, kv_len)`` (and the sampler's static top-k width and top-p switch), so a CUDA
-        graph captured per bucket can replace this call; inputs and outputs are this object's buffers.
+        The work depends only on ``(rows, kv_len)`` and :attr:`sampler_bounds`, so a CUDA graph captured per such
+        key can replace this call (see :attr:`run_step`); inputs and outputs are this object's buffers.
         """
         logits = self.model.decode_step(self.next_token[:rows], self.positions[:rows], None, kv_len)
         self.positions[:rows] += self.live[:rows]
@@ -272,7 +280,9 @@ class BatchDecoder:
     def _refresh_limits(self) -> None:
         """Static sampler bounds over the active rows: top-k width and whether any row uses top-p."""
         rows = self._rows.values()
-        self._max_top_k = min(self.model.config.vocab, max((r.top_k for r in rows), default=1))
+        top_k = max((r.top_k for r in rows), default=1)
+        # A power of two: the width only has to cover every row's k, and few distinct widths mean few CUDA graphs.
+        self._max_top_k = min(self.model.config.vocab, 1 << (top_k - 1).bit_length())
         self._use_top_p = any(r.top_p < 1.0 for r in rows)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,6 +172,7 @@ class Text2SemanticModel(nn.Module):
         self.text_len = torch.zeros(0, dtype=torch.long)  # [slots] text positions of each slot's prefill
         self._rows = torch.zeros(0, dtype=torch.long)  # [slots] 0..slots-1, to address rows without host work
         self._cols = torch.zeros(0, dtype=torch.long)  # [max_len] 0..max_len-1, for length masks
+        self._kv_base = torch.zeros(0, dtype=torch.long)  # [2, H] flat cache offsets, see setup_caches
         self.max_slots = 0
         self.max_len = 0
 
@@ -236,7 +238,10 @@ class Text2SemanticModel(nn.Module):
         """
         if self.pe.device.type != "cpu":
             raise ValueError("int8 quantisation is a CPU path; move the model to CPU first.")
-        self.h = torch.ao.quantization.quantize_dynamic(self.h, {nn.Linear}, dtype=torch.qint8)
+        qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+        with warnings.catch_warnings():  # torch marks eager quantisation deprecated in favour of torchao
+            warnings.simplefilter("ignore")
+            self.h = torch.ao.quantization.quantize_dynamic(self.h, {nn.Linear: qconfig}, dtype=torch.qint8)
         self.quantized = True
         return self
 
@@ -259,6 +264,9 @@ class Text2SemanticModel(nn.Module):
         self.text_len = torch.zeros(max_slots, dtype=torch.long, device=dev)
         self._rows = torch.arange(max_slots, device=dev)
         self._cols = torch.arange(max_len, device=dev)
+        # Offset of (K|V, head) in a layer's cache flattened to [2 * slots * H * max_len, hd]: [2, H]
+        kv_id, head = torch.arange(2, device=dev)[:, None], torch.arange(cfg.heads, device=dev)[None, :]
+        self._kv_base = (kv_id * (max_slots * cfg.heads) + head) * max_len
         if max_len > self.pe.shape[0]:
             self.pe = _sine_table(max_len, cfg.dim).to(dev)
         self.max_slots, self.max_len = max_slots, max_len
@@ -349,26 +357,36 @@ class Text2SemanticModel(nn.Module):
         ``[B, vocab]`` fp32 logits.
         """
         cfg = self.config
-        b = tokens.shape[0]
+        b, heads, hd = tokens.shape[0], cfg.heads, cfg.head_dim
         kv_len = kv_len or self.max_len
         rows = self._rows[:b] if slots is None else slots
         pe_pos = (positions - self.text_len[rows]).clamp_(min=0)  # token index in the audio stream
         h = self.ar_audio_embedding.word_embeddings(tokens) + self.ar_audio_position.alpha * self.pe[pe_pos]  # [B, D]
-        # [B, 1, 1, kv_len] additive mask: 0 up to each row's length, -inf beyond (cheaper in SDPA than a bool mask)
+        # [B, 1, 1, kv_len] additive mask: 0 up to each row's length, -inf beyond (cheaper than a bool mask)
         mask = torch.zeros(b, 1, 1, kv_len, dtype=self.compute_dtype, device=tokens.device).masked_fill_(
             (self._cols[:kv_len] > positions[:, None])[:, None, None, :], float("-inf"))
+        # Flat cache row of (K|V, row, head) at each row's position, shared by all layers: [B * 2 * H]
+        write_at = (self._kv_base[None] + (rows * (heads * self.max_len) + positions)[:, None, None]).flatten()
+        bmm = self.pe.device.type == "cpu"  # batched GEMV attention: fewer passes over the cache than SDPA on CPU
+        if bmm:
+            mask = mask.expand(b, heads, 1, kv_len).reshape(b * heads, 1, kv_len)
         for i, blk in enumerate(self.h.layers):
             cache = self.kv[i]
-            qkv = blk.self_attn.in_proj(h.to(self.compute_dtype)).view(b, 3, cfg.heads, cfg.head_dim)
-            cache[:, rows, :, positions] = qkv[:, 1:]  # K and V of the new token [B, 2, H, hd], one scatter
+            qkv = blk.self_attn.in_proj(h.to(self.compute_dtype)).view(b, 3, heads, hd)
+            cache.view(-1, hd).index_copy_(0, write_at, qkv[:, 1:].reshape(-1, hd))  # K and V of the new token
             if slots is None:
                 k, v = cache[0, :b, :, :kv_len], cache[1, :b, :, :kv_len]  # views [B, H, kv_len, hd]
             else:
                 k, v = cache[0, slots, :, :kv_len], cache[1, slots, :, :kv_len]
-            a = F.scaled_dot_product_attention(qkv[:, 0, :, None], k, v, attn_mask=mask)  # [B, H, 1, hd]
+            if bmm:
+                scores = torch.baddbmm(mask, qkv[:, 0].reshape(b * heads, 1, hd),
+                                       k.reshape(b * heads, kv_len, hd).transpose(1, 2), alpha=hd**-0.5)
+                a = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(b * heads, kv_len, hd))  # [B*H, 1, hd]
+            else:
+                a = F.scaled_dot_product_attention(qkv[:, 0, :, None], k, v, attn_mask=mask)  # [B, H, 1, hd]
             a = blk.self_attn.out_proj(a.reshape(b, cfg.dim))
-            h = self._norm(h + a.float(), blk.norm1)
-            h = self._norm(h + self._ffn(blk, h).float(), blk.norm2)
+            h = self._norm(a.float().add_(h), blk.norm1)
+            h = self._norm(self._ffn(blk, h).float().add_(h), blk.norm2)
         return self.ar_predict_layer(h)
 
 

@@ -177,11 +177,15 @@ def _mix(x):  # type: ignore[no-untyped-def]
     return x ^ (x >> 16)
 
 
+_column_hashes: dict[tuple[int, str], torch.Tensor] = {}  # (vocab, device) -> [V] int64, built once
+
+
 def _exponential(key: torch.Tensor, steps: torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
     """``[B, V]`` fp32 Exp(1) noise, a pure function of (row key, step, column)."""
+    col = _column_hashes.get((vocab, str(device)))
+    if col is None:
+        col = _column_hashes[(vocab, str(device))] = _mix(torch.arange(vocab, device=device) * 0x9E37 + 0x27D4EB2F)
     row = _mix(key ^ _mix(steps + 0x3C6EF372))  # [B]
-    row2 = _mix(row ^ 0x5BD1E995)
-    col = _mix(torch.arange(vocab, device=device) * 0x9E37 + 0x27D4EB2F)  # [V]
-    h = _mix(_mix(row[:, None] ^ col[None, :]) + row2[:, None])  # [B, V]
+    h = _mix(row[:, None] ^ col[None, :])  # [B, V] uniform 32-bit
     u = ((h >> (32 - _UNIFORM_BITS)).float() + 0.5) * (1.0 / (1 << _UNIFORM_BITS))  # (0, 1)
     return -torch.log(u)

@@ -470,7 +470,7 @@ class FakeSpeech:
         self.calls.append(("clear", guild_id))
         return 3
 
-    async def say(self, guild, member, text, *, source="slash", attachments=(), voice=None):
+    async def say(self, guild, member, text, *, source="slash", attachments=(), mentions=(), voice=None):
         self.calls.append(("say", member.id, text, source, tuple(a.filename for a in attachments),
                            voice.id if voice else None))
         if self.raise_on_say is not None:

@@ -34,9 +34,16 @@ LONG_MESSAGE = " ".join(
     ("one", "two", "three", "four", "five", "six", "seven", "eight")
 )
 OPUS_DELAY_MAX = 2 * FRAME_SAMPLES  # samples of codec delay searched when lining decoded audio up with a reference
+ENVELOPE_SAMPLES = SAMPLE_RATE // 100  # 10 ms windows of the loudness envelope
+# The tiny random-weight models make noise-like audio (spectral centroid ~8 kHz); through Opus at discord.py's
+# 128 kb/s its waveform keeps a correlation of ~0.74 with the input, while its loudness envelope keeps ~0.999.
+# Another voice saying the same text scores ~0.22 and ~0.84.
+MIN_WAVEFORM_CORRELATION = 0.6
+MIN_ENVELOPE_CORRELATION = 0.97
 
 
 def _followup(r: Any) -> bool:
+    """A reply that is a followup message."""
     return r.kind == "followup"
 
 
@@ -45,16 +52,33 @@ def _mono(pcm: np.ndarray) -> np.ndarray:
     return pcm[:, 0].astype(np.float64) / 32767.0
 
 
+def _best_lag(decoded: np.ndarray, reference: np.ndarray) -> int:
+    """The lag (0..OPUS_DELAY_MAX samples of ``decoded``) at which the two signals line up best."""
+    n = min(decoded.size, reference.size + OPUS_DELAY_MAX)
+    size = 1 << int(np.ceil(np.log2(2 * n)))
+    spectrum = np.fft.rfft(decoded[:n], size) * np.conj(np.fft.rfft(reference[:n], size))
+    return int(np.argmax(np.fft.irfft(spectrum, size)[: OPUS_DELAY_MAX + 1]))
+
+
 def _correlation(decoded: np.ndarray, reference: np.ndarray) -> float:
-    """Best normalised correlation of two signals over a lag of 0..OPUS_DELAY_MAX samples of ``decoded``."""
-    best = -1.0
-    for lag in range(0, OPUS_DELAY_MAX + 1, 8):
-        n = min(decoded.size - lag, reference.size)
-        a, b = decoded[lag : lag + n], reference[:n]
-        denom = np.linalg.norm(a) * np.linalg.norm(b)
-        if denom > 0:
-            best = max(best, float(np.dot(a, b) / denom))
-    return best
+    """Normalised correlation of the waveforms, lined up at the best lag."""
+    lag = _best_lag(decoded, reference)
+    n = min(decoded.size - lag, reference.size)
+    a, b = decoded[lag : lag + n], reference[:n]
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def _envelope_correlation(decoded: np.ndarray, reference: np.ndarray) -> float:
+    """Correlation of the 10 ms RMS envelopes, lined up at the best lag (what a lossy codec keeps best)."""
+    lag = _best_lag(decoded, reference)
+
+    def envelope(x: np.ndarray) -> np.ndarray:
+        n = x.size // ENVELOPE_SAMPLES
+        return np.sqrt(np.mean(x[: n * ENVELOPE_SAMPLES].reshape(n, ENVELOPE_SAMPLES) ** 2, axis=1))
+
+    a, b = envelope(decoded[lag:]), envelope(reference)
+    n = min(a.size, b.size)
+    return float(np.corrcoef(a[:n], b[:n])[0, 1])
 
 
 def _to_48k(audio: np.ndarray, rate: int) -> np.ndarray:
@@ -87,7 +111,8 @@ async def test_slash_commands_round_trip(env: BotEnv) -> None:
     # a refusal before any work: ephemeral, says what to do
     iid = await standin.invoke_slash(lay.guild_id, lay.member_id, "join")
     reply = await standin.wait_reply(iid)
-    assert (reply.type, reply.ephemeral, reply.content) == (4, True, "Join a voice channel first, then run /join again.")
+    assert (reply.type, reply.ephemeral) == (4, True)
+    assert reply.content == "Join a voice channel first, then run /join again."
 
     # a refusal after a deferral: the followup replaces the "thinking" message, still ephemeral
     iid = await standin.invoke_slash(lay.guild_id, lay.member_id, "say", {"text": "hello there"})
@@ -180,7 +205,8 @@ async def test_say_three_sentences_over_rtp(env: BotEnv) -> None:
     ]
     assert voice.errors == []
     last_sentence_at = record.chunks[-1][0]
-    print(f"\n/say (joining voice): interaction -> first RTP packet {1000 * (first.at - standin.interactions[iid].created_at):.0f} ms; "
+    ttfp_ms = 1000 * (first.at - standin.interactions[iid].created_at)
+    print(f"\n/say (joining voice): interaction -> first RTP packet {ttfp_ms:.0f} ms; "
           f"first packet {1000 * (last_sentence_at - first.at):.0f} ms before the last sentence was synthesized")
     assert first.at < last_sentence_at, "playback should start before the last sentence is synthesized"
 
@@ -188,9 +214,14 @@ async def test_say_three_sentences_over_rtp(env: BotEnv) -> None:
     decoded = voice.pcm(skip_silence=True)  # [N, 2] int16 @ 48 kHz
     decoded_s = decoded.shape[0] / SAMPLE_RATE
     underrun_s = speaker.underrun_frames * FRAME_S  # silence the player inserted while synthesis lagged
+    print(f"/say: {decoded_s:.3f} s decoded, {record.seconds:.3f} s synthesized, {speaker.underrun_frames} underrun "
+          "frames")
+    assert np.sqrt(np.mean(_mono(decoded) ** 2)) > 0.01, "the decoded audio is silent"
     assert abs(decoded_s - underrun_s - record.seconds) <= FRAME_S, (decoded_s, underrun_s, record.seconds)
-    if speaker.underrun_frames == 0:  # then the decoded audio lines up with the synthesized one sample for sample
-        assert _correlation(_mono(decoded), _to_48k(record.audio, 32000)) > 0.9
+    if speaker.underrun_frames == 0:  # then the decoded audio lines up with the synthesized one throughout
+        reference = _to_48k(record.audio, 32000)
+        assert _correlation(_mono(decoded), reference) > MIN_WAVEFORM_CORRELATION
+        assert _envelope_correlation(_mono(decoded), reference) > MIN_ENVELOPE_CORRELATION
     packets = voice.packets
     assert len({p.ssrc for p in packets}) == 1
     assert [(b.seq - a.seq) % 65536 for a, b in zip(packets, packets[1:])] == [1] * (len(packets) - 1)
@@ -204,7 +235,8 @@ async def test_say_three_sentences_over_rtp(env: BotEnv) -> None:
     await voice.wait_silence(quiet_ms=300, timeout=15)
 
 
-async def test_autoread_applies_the_text_rules(env: BotEnv) -> None:
+async def _autoread_setup(env: BotEnv) -> None:
+    """A voice for alice, the auto-read channel set to #general with /set guild, the bot in alice's channel."""
     standin, lay = env.standin, env.standin.layout
     await env.add_voice(lay.admin_id, "alice", 140.0)
     iid = await standin.invoke_slash(lay.guild_id, lay.admin_id, "set",
@@ -213,22 +245,39 @@ async def test_autoread_applies_the_text_rules(env: BotEnv) -> None:
     iid = await standin.invoke_slash(lay.guild_id, lay.admin_id, "join")
     await standin.wait_reply(iid, _followup, timeout=10)
 
+
+async def test_autoread_applies_the_text_rules(env: BotEnv) -> None:
+    standin, lay = env.standin, env.standin.layout
+    await _autoread_setup(env)
+    carol = await standin.add_member(lay.guild_id, "carol")
+    await standin.move_member(carol, lay.voice_channel_id)  # in voice, so the bot's member cache knows her
+
     await standin.send_message(
         lay.text_channel_id, lay.admin_id,
-        f"Hey <@{lay.member_id}>, look at https://example.com/x ||the ending|| **right now**, it is soooooo good!!!!!! "
+        f"Hey <@{carol}>, look at https://example.com/x ||the ending|| **right now**, it is soooooo good!!!!!! "
         "`code`",
     )
     [record] = await env.synth.wait_streams(1)
-    assert record.text == "Hey bob, look at a link spoiler right now, it is sooo good!!!"
+    assert record.text == "Hey carol, look at a link spoiler right now, it is sooo good!!!"
     voice = standin.voice(lay.guild_id)
     await voice.wait_first_packet(timeout=15)
     await voice.wait_silence(quiet_ms=300, timeout=15)
     assert voice.errors == [] and len(voice.audio_packets()) > 10
 
     await standin.send_message(lay.text_channel_id, lay.admin_id, "🎉🎉 !!! ``nothing to read``")
-    await standin.send_message(lay.text_channel_id, lay.admin_id, "Second message.")
+    await standin.send_message(lay.text_channel_id, lay.member_id, "bob is not in voice, so this is not read.")
+    await standin.send_message(lay.text_channel_id, lay.admin_id, "Second message\nwith a line break")
     await env.synth.wait_streams(2)
-    assert [r.text for r in env.synth.streams] == [record.text, "Second message."]
+    await asyncio.sleep(0.2)
+    assert [r.text for r in env.synth.streams] == [record.text, "Second message. with a line break"]
+
+
+async def test_autoread_names_a_mentioned_member_outside_voice(env: BotEnv) -> None:
+    standin, lay = env.standin, env.standin.layout
+    await _autoread_setup(env)
+    await standin.send_message(lay.text_channel_id, lay.admin_id, f"Thanks <@{lay.member_id}>!")
+    [record] = await env.synth.wait_streams(1)
+    assert record.text == "Thanks bob!"
 
 
 async def test_skip_stops_packets_within_100_ms(env: BotEnv) -> None:
@@ -247,10 +296,11 @@ async def test_skip_stops_packets_within_100_ms(env: BotEnv) -> None:
 
     audio = voice.audio_packets()
     last_audio = audio[-1].at
-    print(f"\n/skip: last audio packet {1000 * (last_audio - skipped_at):.0f} ms after the interaction")
+    played_s = len(audio) * FRAME_S
+    print(f"\n/skip: last audio packet {1000 * (last_audio - skipped_at):+.0f} ms from the interaction; "
+          f"{played_s:.2f} s played of a {len(LONG_MESSAGE.split('. '))}-sentence message")
     assert last_audio - skipped_at <= 0.1
-    planned = len(LONG_MESSAGE.split(". "))  # sentences
-    assert len(audio) * FRAME_S < 0.5 * planned * 0.4, "the message should have been cut short"
+    assert played_s < 1.5, "the message (8 sentences, ~6 s) should have been cut short"
     assert voice.packets[-1].is_silence  # discord.py's end-of-speech frames follow
     assert not env.speech.speaker(lay.guild_id).current
 
@@ -298,27 +348,27 @@ async def test_two_guilds_speak_at_once_in_their_own_voices(env: BotEnv) -> None
 async def test_ask_speaks_before_the_chat_model_finishes(env: BotEnv) -> None:
     standin, lay = env.standin, env.standin.layout
     await env.add_voice(lay.admin_id, "alice", 140.0)
+    join = await standin.invoke_slash(lay.guild_id, lay.admin_id, "join")
+    await standin.wait_reply(join, _followup, timeout=10)
     iid = await standin.invoke_slash(lay.guild_id, lay.admin_id, "ask", {"text": "What is the weather like?"},
                                      subcommand="prompt")
     voice = standin.voice(lay.guild_id)
     first = await voice.wait_first_packet(timeout=15)
     model = env.chat_model
     await standin.wait_for(lambda: model.finished_at is not None, 10, "the chat model finished")
-    print(f"\n/ask: first RTP packet {1000 * (model.finished_at - first.at):.0f} ms before the chat model finished; "
-          f"interaction -> first RTP packet {1000 * (first.at - standin.interactions[iid].created_at):.0f} ms")
-    rec0 = env.synth.streams[0]
-    t0 = standin.interactions[iid].created_at
-    print("stream opened", rec0.started_at - t0, "pieces", [(round(t - t0, 3), p) for t, p in rec0.pieces][:6],
-          "chunks", [(round(t - t0, 3), c.sentence) for t, c in rec0.chunks], "first", first.at - t0,
-          "model first piece", model.first_piece_at - t0, "done", model.finished_at - t0)
+    asked_at = standin.interactions[iid].created_at
+    assert model.first_piece_at is not None
+    print(f"\n/ask: interaction -> first RTP packet {1000 * (first.at - asked_at):.0f} ms (the model's first piece "
+          f"came at {1000 * (model.first_piece_at - asked_at):.0f} ms); first packet "
+          f"{1000 * (model.finished_at - first.at):.0f} ms before the model finished its reply")
     assert first.at < model.finished_at
     assert model.requests[0]["messages"][-1] == {"role": "user", "content": "What is the weather like?"}
 
     [record] = await env.synth.wait_streams(1)
     await env.synth.wait_closed(record)
     assert record.streamed and record.text.strip() == CHAT_REPLY
-    assert record.sentences == [
-        "Sure, here is a short answer for you.", "The weather today looks calm and mild.",
+    assert record.sentences == [  # cut5 also cuts at commas, streamed or not
+        "Sure,", "here is a short answer for you.", "The weather today looks calm and mild.",
         "Take a light jacket when you go out tonight.",
     ]
     final = await standin.wait_reply(iid, lambda r: r.kind == "edit_original" and CHAT_REPLY in (r.content or ""),

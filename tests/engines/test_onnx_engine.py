@@ -278,3 +278,23 @@ def test_int8_step_graph_is_quantised_and_agrees_on_golden_tokens(engine, models
     agree = sum(int((g[: min(len(g), len(r))] == r[: min(len(g), len(r))]).sum()) for g, r in pairs)
     total = sum(len(r) for _, r in pairs)
     assert exact >= 4 and agree / total >= 0.85, (exact, agree, total)
+
+
+# ---------------------------------------------------------------------------------------------------- engines build
+
+
+def test_build_engines_exports_checks_and_explains_missing_tensorrt(engine, models, onnx_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    from engines.export import build_engines
+
+    cfg = SimpleNamespace(backend="onnx", device="cpu", precision="fp32", max_batch=4, onnx_dir=onnx_dir,
+                          tensorrt_dir=tmp_path / "trt", tensorrt_workspace_mb=1024)
+    produced = build_engines(cfg, models, backend="onnx")
+    assert set(produced) == set(GRAPHS) and all(p.is_file() for p in produced.values())
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        with pytest.raises(EngineError, match="pip install tensorrt"):
+            build_engines(cfg, models, backend="tensorrt")
+        assert set(build_engines(cfg, models)) == set(GRAPHS)  # no backend asked: graphs only, with a warning
+    assert not (tmp_path / "trt").exists() or torch.cuda.is_available()

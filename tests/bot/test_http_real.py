@@ -1,0 +1,313 @@
+"""The HTTP API over the real pipeline: every door against a running server with the tiny real models.
+
+The server's synthesizer and a second, independent one (its own caches, the same stored voices) both run the tiny
+random-weight models. Seeded requests must come back exactly as the second one synthesizes the same text and seed
+directly: lossless formats sample for sample, compressed ones to the same duration within one codec frame (after
+the encoder delay, for the formats whose stream cannot say how long that delay is) and with the same loudness
+contour. Two requests for different voices at once must each equal their solo run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+import pytest_asyncio
+from tests.audio_samples import speech_like_wav
+from tests.bot.test_http_fakes import decode
+
+from bot.config import load_config
+from bot.http import start_server
+from bot.services import Services, build_synthesizer, default_params
+from synthesis.audio import resample
+from synthesis.pipeline import Synthesizer
+from synthesis.types import SynthesisParams, Voice
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+RATE = 32000  # Hz, the synthesizer's output rate
+SEED = 1234
+TEXT = "The weather is nice today. We should go for a walk."
+CONCURRENT_TEXT = "Good morning to all of you. The train leaves at noon."
+STREAM_TEXT = "The first sentence is here. Then comes the second one! Is this the third? And the last."
+CONSENT = {"user_id": 1, "text": "this is my own voice"}
+VOICES = {"alice": (140.0, 0), "bob": (230.0, 1)}  # name -> (f0 Hz, seed) of the synthetic reference clip
+PCM_RATE = 24000  # Hz, OpenAI's pcm
+ENVELOPE_S = 0.02  # s, window of the loudness contour compared for compressed formats
+MIN_ENVELOPE_CORR = 0.95  # lossy codecs keep the loudness contour (speech vs the silences between sentences)
+# Compressed formats: (encoder delay the decoder cannot remove, in output samples; one frame, in samples) at the
+# decoded rate. Ogg Opus signals its pre-skip, so nothing is left; ADTS AAC (1024 priming samples) and an mp3 sent
+# as it is encoded (no seekable LAME header: 576 encoder + 529 decoder samples) keep theirs.
+CODEC_FRAMES = {"ogg": (0, 960), "opus": (0, 960), "aac": (1024, 1024), "mp3": (576 + 529, 1152)}
+
+
+@dataclass
+class Env:
+    url: str
+    config: Any
+    server_synth: Synthesizer
+    reference_synth: Synthesizer
+    voices: dict[str, Voice]  # as stored by the server's synthesizer
+    runner: Any
+    _references: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+
+    def params(self) -> SynthesisParams:
+        return dataclasses.replace(default_params(self.config), language="en", seed=SEED)
+
+    async def reference(self, text: str, voice: str) -> np.ndarray:
+        """``[N]`` int16: the same text, voice and seed synthesized directly by the independent synthesizer."""
+        key = (text, voice)
+        if key not in self._references:
+            v = self.reference_synth.voices.get(self.voices[voice].id)
+            audio, _ = await self.reference_synth.synthesize(text, v, self.params())
+            self._references[key] = (np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
+        return self._references[key]
+
+
+def _config(tiny_models: Path, data: Path, cache_name: str):
+    cfg = load_config(tiny_models / "config.yaml")
+    return dataclasses.replace(
+        cfg,
+        voices=dataclasses.replace(cfg.voices, dir=data / "voices"),
+        cache=dataclasses.replace(cfg.cache, dir=data / cache_name),
+        discord=dataclasses.replace(cfg.discord, database=data / "voicebot.sqlite3"),
+        http=dataclasses.replace(cfg.http, token_env="VOICEBOT_TEST_HTTP_REAL_NO_TOKEN", rate_limit_per_min=0),
+    )
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def env(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory):
+    data = tmp_path_factory.mktemp("http-real")
+    config = _config(tiny_models, data, "cache")
+    server_synth = build_synthesizer(config)
+    reference_synth = build_synthesizer(_config(tiny_models, data, "reference-cache"))
+    voices = {}
+    for name, (f0, seed) in VOICES.items():
+        voices[name], _ = await server_synth.create_voice(
+            name, speech_like_wav(4.0, f0, seed), f"{name}.wav", transcript="Hello, this is my voice.",
+            language="en", consent=CONSENT)
+    runner = await start_server(Services(config, server_synth), "127.0.0.1", 0)
+    port = runner.addresses[0][1]
+    yield Env(f"http://127.0.0.1:{port}", config, server_synth, reference_synth, voices, runner)
+    await runner.cleanup()
+    await server_synth.close()
+    await reference_synth.close()
+
+
+async def fetch(method: str, url: str, **kwargs: Any) -> tuple[aiohttp.ClientResponse, bytes]:
+    async with aiohttp.ClientSession() as session:
+        async with session.request(method, url, **kwargs) as r:
+            body = await r.read()
+            assert r.status == 200, body[:500]
+            return r, body
+
+
+def assert_same_pcm(data: bytes, fmt: str, reference: np.ndarray) -> None:
+    """A lossless body (wav or raw s16le @ 32 kHz) holds exactly the reference samples."""
+    x, rate = decode(data, fmt, RATE)
+    assert rate == RATE
+    got = np.round(x * 32768.0).astype(np.int16)
+    assert got.size == reference.size, (got.size, reference.size)
+    assert np.array_equal(got, reference)
+
+
+def _envelope(x: np.ndarray, rate: int) -> np.ndarray:
+    """RMS per ``ENVELOPE_S`` window."""
+    n = int(rate * ENVELOPE_S)
+    frames = x[: x.size // n * n].astype(np.float64).reshape(-1, n)
+    return np.sqrt((frames**2).mean(axis=1))
+
+
+def assert_same_audio(data: bytes, fmt: str, reference: np.ndarray) -> None:
+    """A compressed body decodes to the reference's duration within one codec frame, with its loudness contour."""
+    x, rate = decode(data, fmt)
+    delay, frame = CODEC_FRAMES[fmt]
+    expected = reference.size * rate / RATE  # samples at the decoded rate
+    extra = x.size - expected - delay
+    assert -frame <= extra <= frame, (fmt, x.size, expected, delay)
+    ref = reference.astype(np.float32) / 32768.0
+    if rate != RATE:
+        ref = resample(ref, RATE, rate)
+    got = x[delay: delay + ref.size]
+    a, b = _envelope(got, rate), _envelope(ref, rate)
+    n = min(a.size, b.size)
+    assert np.corrcoef(a[:n], b[:n])[0, 1] > MIN_ENVELOPE_CORR
+
+
+def check_body(data: bytes, fmt: str, reference: np.ndarray) -> None:
+    if fmt in ("wav", "raw"):
+        assert_same_pcm(data, fmt, reference)
+    else:
+        assert_same_audio(data, fmt, reference)
+
+
+# ---- api_v2 ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("media_type", ["wav", "raw", "ogg", "aac"])
+async def test_api_v2_tts_returns_what_the_synthesizer_makes(env: Env, method: str, mode: int,
+                                                             media_type: str) -> None:
+    values = {"text": TEXT, "text_lang": "en", "ref_audio_path": "alice", "seed": SEED, "media_type": media_type,
+              "streaming_mode": mode}
+    if method == "GET":
+        r, body = await fetch("GET", env.url + "/tts", params={k: str(v) for k, v in values.items()})
+    else:
+        r, body = await fetch("POST", env.url + "/tts", json=values)
+    assert r.headers["Content-Type"] == f"audio/{media_type}"
+    assert (r.headers.get("Transfer-Encoding") == "chunked") == (mode == 1)
+    if media_type == "wav":  # one body: the exact data length; streamed: 0, as upstream sends
+        data_len = int.from_bytes(body[40:44], "little")
+        assert data_len == (len(body) - 44 if mode == 0 else 0)
+    check_body(body, media_type, await env.reference(TEXT, "alice"))
+
+
+# ---- SillyTavern -------------------------------------------------------------------------------------------------
+
+async def test_sillytavern_generation(env: Env) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(env.url + "/speakers") as r:
+            speakers = await r.json()
+    assert {"name": "alice", "voice_id": "alice"} in speakers and {"name": "bob", "voice_id": "bob"} in speakers
+    # the provider's request: the voice as a file under its reference folder, streaming as the string "true"
+    body = {"text": TEXT, "text_lang": "en", "ref_audio_path": "./参考音频/bob.wav", "prompt_text": "bob",
+            "prompt_lang": "en", "streaming_mode": "true", "media_type": "wav", "seed": SEED}
+    r, data = await fetch("POST", env.url + "/", json=body)
+    assert r.headers["Content-Type"] == "audio/wav" and r.headers.get("Transfer-Encoding") == "chunked"
+    check_body(data, "wav", await env.reference(TEXT, "bob"))
+
+
+# ---- OpenAI speech -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "pcm"])
+async def test_openai_speech_formats(env: Env, fmt: str) -> None:
+    body = {"model": "tts-1", "input": TEXT, "voice": "alice", "response_format": fmt, "language": "en",
+            "seed": SEED}
+    r, data = await fetch("POST", env.url + "/v1/audio/speech", json=body)
+    reference = await env.reference(TEXT, "alice")
+    if fmt == "wav":
+        assert_same_pcm(data, "wav", reference)
+    elif fmt == "pcm":  # 24 kHz s16le: the reference resampled
+        x, _ = decode(data, "pcm")
+        expected = resample(reference.astype(np.float32) / 32768.0, RATE, PCM_RATE)
+        assert abs(x.size - reference.size * PCM_RATE / RATE) <= 2, (x.size, reference.size)
+        n = min(x.size, expected.size)
+        assert np.abs(x[:n] - expected[:n]).max() < 0.01
+    else:
+        assert_same_audio(data, fmt, reference)
+
+
+# ---- the stream-input WebSocket ----------------------------------------------------------------------------------
+
+async def test_stream_input_speaks_before_the_text_is_complete(env: Env) -> None:
+    piece_len, delay_s = 6, 0.12  # a chat model writing ~50 characters a second, pieces ending mid-word
+    pieces = [STREAM_TEXT[i:i + piece_len] for i in range(0, len(STREAM_TEXT), piece_len)]
+    received: list[tuple[float, dict[str, Any]]] = []
+
+    async def collect(ws: aiohttp.ClientWebSocketResponse) -> None:
+        async for msg in ws:
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                received.append((time.monotonic(), msg.json()))
+
+    url = env.url + f"/v1/tts/stream-input?voice=bob&language=en&seed={SEED}"
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        reader = asyncio.create_task(collect(ws))
+        for piece in pieces:
+            await ws.send_json({"text": piece})
+            await asyncio.sleep(delay_s)
+        last_sent = time.monotonic()
+        await ws.send_json({"close": True})
+        await asyncio.wait_for(reader, 60)
+    audio = [(t, m) for t, m in received if m["type"] == "audio"]
+    assert [m["type"] for _, m in received] == ["ready"] + ["audio"] * 4 + ["done"]
+    assert audio[0][0] < last_sent  # the first sentence was heard while the text was still being written
+    assert [m["sentence"] for _, m in audio] == ["The first sentence is here.", "Then comes the second one!",
+                                                 "Is this the third?", "And the last."]
+    pcm = b"".join(base64.b64decode(m["audio"]) for _, m in audio)
+    reference = await env.reference(STREAM_TEXT, "bob")
+    assert np.array_equal(np.frombuffer(pcm, "<i2"), reference)
+    assert received[-1][1]["audio_s"] == pytest.approx(reference.size / RATE, abs=1e-4)
+
+
+# ---- concurrency -------------------------------------------------------------------------------------------------
+
+async def test_two_concurrent_voices_equal_their_solo_runs(env: Env) -> None:
+    before = env.server_synth.metrics()
+    peak = 0
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, int(env.server_synth.metrics()["inflight"]))  # type: ignore[call-overload]
+            await asyncio.sleep(0.005)
+
+    async def speak(voice: str) -> bytes:
+        body = {"text": CONCURRENT_TEXT, "text_lang": "en", "ref_audio_path": voice, "seed": SEED,
+                "media_type": "wav", "streaming_mode": 1}
+        return (await fetch("POST", env.url + "/tts", json=body))[1]
+
+    watcher = asyncio.create_task(watch())
+    alice, bob = await asyncio.gather(speak("alice"), speak("bob"))
+    stop.set()
+    await watcher
+    after = env.server_synth.metrics()
+    assert peak == 2  # both requests were in the pipeline at once
+    assert after["prosody_misses"] - before["prosody_misses"] == 4  # 2 voices x 2 sentences, all through the GPT
+    solo_alice = await env.reference(CONCURRENT_TEXT, "alice")
+    solo_bob = await env.reference(CONCURRENT_TEXT, "bob")
+    assert_same_pcm(alice, "wav", solo_alice)
+    assert_same_pcm(bob, "wav", solo_bob)
+    n = min(solo_alice.size, solo_bob.size)
+    assert not np.array_equal(solo_alice[:n], solo_bob[:n])  # the voices really differ
+
+
+# ---- the benchmark -----------------------------------------------------------------------------------------------
+
+def test_bench_reference_clip_is_accepted_as_speech() -> None:
+    from bot.bench_http import REFERENCE_S, synthetic_speech
+    from synthesis.audio import Decoded, prepare_reference
+
+    x = synthetic_speech()
+    assert x.dtype == np.float32 and x.size == int(REFERENCE_S * RATE) and np.abs(x).max() == pytest.approx(0.5)
+    ref = prepare_reference(Decoded(x, RATE, x.size / RATE), min_s=3.0, max_s=10.0)
+    assert ref.duration_s >= 3.0 and not ref.warnings
+
+
+async def test_bench_http_measures_every_protocol_cold_and_warm(tiny_models: Path, tmp_path: Path, capsys) -> None:
+    import argparse
+    import json
+    import tempfile
+
+    from bot.bench_http import run_http_bench
+
+    temps_before = set(Path(tempfile.gettempdir()).glob("voicebot-bench-http-*"))
+    out = tmp_path / "bench.json"
+    config = load_config(tiny_models / "config.yaml")
+    # asyncio.run inside: the command runs on its own loop, as `python -m bot bench-http` does
+    assert await asyncio.to_thread(run_http_bench, config, argparse.Namespace(json=out, repeat=1)) == 0
+    rows = json.loads(out.read_text())["rows"]
+    protocols = ["api_v2 GET wav stream", "api_v2 POST wav whole", "SillyTavern ogg stream", "OpenAI mp3",
+                 "OpenAI pcm", "WebSocket pcm"]
+    assert [(r["protocol"], r["run"]) for r in rows] == [(p, run) for p in protocols for run in ("cold", "warm")]
+    for cold, warm in zip(rows[::2], rows[1::2]):
+        assert (cold["gpt_sentences"], cold["prosody_hits"], cold["audio_hits"]) == (2, 0, 0)  # cold: the GPT ran
+        assert (warm["gpt_sentences"], warm["prosody_hits"], warm["audio_hits"]) == (0, 2, 0)  # warm: SoVITS only
+        assert cold["bytes"] == warm["bytes"] > 0  # seeded: the same audio both times
+        for r in (cold, warm):
+            assert 0 < r["ttfb_s"] <= r["total_s"]
+    by_name = {r["protocol"]: r for r in rows}
+    # one audio, three encodings: 32 kHz wav = 44-byte header + 16-bit pcm; OpenAI pcm is at 24 kHz
+    wav, ws, pcm = (by_name[p]["bytes"] for p in ("api_v2 GET wav stream", "WebSocket pcm", "OpenAI pcm"))
+    assert wav == ws + 44 and abs(pcm - ws * 3 // 4) <= 4
+    printed = capsys.readouterr().out
+    assert "first byte ms" in printed and all(p in printed for p in protocols)
+    assert set(Path(tempfile.gettempdir()).glob("voicebot-bench-http-*")) == temps_before  # nothing left behind

@@ -1,0 +1,280 @@
+"""The continuous-batching decoder: batching, joining, cancelling and syncing never change a request's tokens."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engines.base import EngineError, SamplingParams, SemanticRequest, VoicePrompt
+from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
+from engines.gpt_sovits.generate import BatchDecoder, generate
+from engines.gpt_sovits.gpt import Text2SemanticModel, build_random_gpt
+from engines.gpt_sovits.naive import naive_generate
+
+SAMPLED = dict(top_k=15, top_p=1.0, temperature=1.0, repetition_penalty=1.35)
+
+
+@pytest.fixture(scope="module")
+def model(golden_dir: Path) -> Text2SemanticModel:
+    return Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(golden_dir / "gpt_tiny_v2.ckpt"))
+
+
+@pytest.fixture(scope="module")
+def inputs(golden_dir: Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Four requests of different lengths: (all phones, BERT, prompt tokens); the last is reference-free."""
+    with np.load(golden_dir / "gpt_io.npz") as f:
+        ph, bert, prompt = f["phone_ids"][0], f["bert_feature"][0], f["prompt_semantic"][0]
+    return [
+        (ph, bert, prompt),
+        (ph[:17], bert[:, :17], prompt[:25]),
+        (ph[3:], bert[:, 3:], prompt[5:]),
+        (ph[9:], bert[:, 9:], np.zeros(0, np.int64)),
+    ]
+
+
+def _solo(model: Text2SemanticModel, inp, params: SamplingParams) -> np.ndarray:
+    dec = BatchDecoder(model, 1, 512)
+    dec.add("x", *inp, params)
+    while True:
+        done = dec.step()
+        if done:
+            return done[0][1]
+
+
+def _run(dec: BatchDecoder, results: dict) -> None:
+    while dec.active:
+        results.update(dec.step())
+
+
+def test_seeded_batch_equals_solo(model, inputs) -> None:
+    params = [SamplingParams(**SAMPLED, seed=100 + i, early_stop_num=60) for i in range(len(inputs))]
+    solo = [_solo(model, inp, p) for inp, p in zip(inputs, params)]
+    assert len({tuple(s) for s in solo}) == len(solo)
+    assert any(len(s) < 60 for s in solo) and all(len(s) >= 11 for s in solo)  # some stop by EOS
+    dec = BatchDecoder(model, 4, 512)
+    for i, (inp, p) in enumerate(zip(inputs, params)):
+        dec.add(i, *inp, p)
+    results: dict = {}
+    _run(dec, results)
+    for i in range(len(inputs)):
+        np.testing.assert_array_equal(results[i], solo[i])
+    # the same seed again gives the same tokens; another seed gives others
+    np.testing.assert_array_equal(_solo(model, inputs[0], params[0]), solo[0])
+    other = _solo(model, inputs[0], SamplingParams(**SAMPLED, seed=7, early_stop_num=60))
+    assert not np.array_equal(other, solo[0])
+
+
+def test_continuous_join_and_slot_reuse_equal_solo(model, inputs) -> None:
+    params = [SamplingParams(**SAMPLED, seed=i, early_stop_num=50) for i in range(len(inputs))]
+    solo = [_solo(model, inp, p) for inp, p in zip(inputs, params)]
+    dec = BatchDecoder(model, 2, 512, sync_every=3)
+    results: dict = {}
+    dec.add(0, *inputs[0], params[0])
+    for _ in range(5):
+        results.update(dec.step())
+    dec.add(1, *inputs[1], params[1])  # joins 5 steps later, at a different position
+    queue = [2, 3]
+    while dec.active or queue:
+        while queue and dec.free_slots:
+            i = queue.pop(0)
+            dec.add(i, *inputs[i], params[i])  # reuses a freed slot
+        results.update(dec.step())
+    for i in range(len(inputs)):
+        np.testing.assert_array_equal(results[i], solo[i])
+
+
+def test_greedy_batched_generate_equals_solo_and_naive(model, inputs) -> None:
+    params = SamplingParams(top_k=1, early_stop_num=45)
+    voice = lambda ph_n, inp: VoicePrompt(inp[2], np.zeros((128, 1), np.float32), inp[0][:ph_n], inp[1][:, :ph_n])  # noqa: E731
+    reqs = [SemanticRequest(inp[0][5:], inp[1][:, 5:], voice(5, inp), params) for inp in inputs[:3]]
+    reqs.append(SemanticRequest(inputs[3][0], inputs[3][1], VoicePrompt(np.zeros(0, np.int64), np.zeros((128, 1)),
+                np.zeros(0, np.int64), np.zeros((1024, 0), np.float32)), params))
+    batched = generate(model, reqs)
+    one_by_one = [generate(model, [r])[0] for r in reqs]
+    naive = [naive_generate(model, *inp, params) for inp in inputs]
+    for b, s, n in zip(batched, one_by_one, naive):
+        np.testing.assert_array_equal(b, s)
+        np.testing.assert_array_equal(b, n)
+
+
+@pytest.mark.parametrize("sync_every", [1, 5, 64])
+def test_sync_interval_does_not_change_tokens(model, inputs, sync_every: int) -> None:
+    params = SamplingParams(**SAMPLED, seed=3, early_stop_num=80)
+    expected = _solo(model, inputs[1], params)
+    dec = BatchDecoder(model, 1, 512, sync_every=sync_every)
+    dec.add("r", *inputs[1], params)
+    results: dict = {}
+    _run(dec, results)
+    np.testing.assert_array_equal(results["r"], expected)
+
+
+def test_early_stop_quirk_matches_naive(model, inputs) -> None:
+    """Stopped by early_stop_num (no EOS): upstream keeps the last sample and drops the first generated token."""
+    for esn in (0, 4, 12):
+        params = SamplingParams(top_k=1, early_stop_num=esn)
+        out = _solo(model, inputs[0], params)
+        np.testing.assert_array_equal(out, naive_generate(model, *inputs[0], params))
+        assert len(out) == max(esn, 1)
+    # reference-free keeps every token
+    out = _solo(model, inputs[3], SamplingParams(top_k=1, early_stop_num=4))
+    assert len(out) == 5
+
+
+def test_cancel_frees_slot_and_leaves_others_exact(model, inputs) -> None:
+    params = [SamplingParams(**SAMPLED, seed=20 + i, early_stop_num=40) for i in range(3)]
+    solo2 = _solo(model, inputs[2], params[2])
+    dec = BatchDecoder(model, 2, 512)
+    dec.add("a", *inputs[0], params[0])
+    dec.add("b", *inputs[1], params[1])
+    assert dec.free_slots == 0
+    with pytest.raises(EngineError, match="slots are busy"):
+        dec.add("c", *inputs[2], params[2])
+    dec.step()
+    assert dec.cancel("a") and not dec.cancel("a")
+    assert dec.active == ("b",) and dec.free_slots == 1
+    dec.add("c", *inputs[2], params[2])
+    results: dict = {}
+    _run(dec, results)
+    assert set(results) == {"b", "c"}
+    np.testing.assert_array_equal(results["c"], solo2)
+
+
+def test_generate_should_stop_and_chunks(model, inputs) -> None:
+    voice = VoicePrompt(inputs[0][2], np.zeros((128, 1), np.float32), inputs[0][0][:9], inputs[0][1][:, :9])
+    reqs = [SemanticRequest(inputs[0][0][9:], inputs[0][1][:, 9:], voice, SamplingParams(**SAMPLED, seed=s))
+            for s in (1, 2)]
+    chunks: dict[int, list[np.ndarray]] = {0: [], 1: []}
+    calls = {"n": 0}
+
+    def should_stop(i: int) -> bool:
+        calls["n"] += 1
+        return i == 1 and calls["n"] > 6
+
+    out = generate(model, reqs, on_chunk=lambda i, t: chunks[i].append(t), should_stop=should_stop)
+    assert out[1].size == 0  # cancelled
+    assert len(out[0]) >= 11
+    np.testing.assert_array_equal(np.concatenate(chunks[0]), out[0])  # stopped by EOS: chunks == result
+    assert all(c.dtype == np.int64 and c.size for c in chunks[0])
+
+
+def test_decode_step_slot_gather_equals_view(model, inputs) -> None:
+    ph, bert, prompt = inputs[0]
+    with torch.inference_mode():
+        model.setup_caches(3, 256)
+        for slot in (0, 2):
+            model.prefill(slot, torch.as_tensor(ph), torch.as_tensor(bert), torch.as_tensor(prompt[: 30 + slot]))
+        m2 = copy.deepcopy(model)
+        pos = torch.tensor([len(ph) + 30, 0, len(ph) + 32])
+        toks = torch.tensor([5, 0, 9])
+        by_view = model.decode_step(toks, pos, None, 128)
+        by_gather = m2.decode_step(toks[[0, 2]], pos[[0, 2]], torch.tensor([0, 2]), 128)
+    torch.testing.assert_close(by_gather, by_view[[0, 2]], atol=1e-5, rtol=0)
+
+
+def test_request_too_long_for_cache(model, inputs) -> None:
+    dec = BatchDecoder(model, 1, 128)
+    with pytest.raises(EngineError, match="raise max_len"):
+        dec.add("x", *inputs[0], SamplingParams(early_stop_num=-1))
+    dec.add("y", *inputs[0], SamplingParams(top_k=1, early_stop_num=30))  # 23 + 40 + 31 positions fit
+
+
+def test_int8_logits_close_to_fp32(model, inputs) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = copy.deepcopy(model).quantize_int8()
+    ph, bert, prompt = inputs[0]
+    with torch.inference_mode():
+        out = []
+        for m in (model, q):
+            m.setup_caches(1, 256)
+            out.append(m.prefill(0, torch.as_tensor(ph), torch.as_tensor(bert), torch.as_tensor(prompt)))
+    err = (out[0] - out[1]).abs().max().item()
+    assert err < 0.05 * out[0].abs().max().item()
+    assert err > 0  # it really is a different (quantised) computation
+
+
+def test_build_random_gpt_sizes() -> None:
+    tiny = build_random_gpt("tiny", seed=1)
+    assert sum(p.numel() for p in tiny.parameters()) == 700994  # same as the golden tiny file
+    cfg = build_random_gpt("tiny", seed=1).config
+    assert (cfg.dim, cfg.heads, cfg.layers, cfg.phoneme_vocab, cfg.vocab) == (96, 4, 3, 732, 1025)
+    with pytest.raises(ValueError):
+        build_random_gpt("huge")
+
+
+class _GraphRunner:
+    """Replays one CUDA graph per decode shape: the first call of a shape runs eagerly (the warm-up), then captures."""
+
+    def __init__(self, dec: BatchDecoder) -> None:
+        self.dec, self.graphs, self.replays = dec, {}, 0
+
+    def __call__(self, rows: int, kv_len: int) -> None:
+        key = (rows, kv_len, *self.dec.sampler_bounds)
+        graph = self.graphs.get(key)
+        if graph is not None:
+            graph.replay()
+            self.replays += 1
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.dec.graphable_step(rows, kv_len)  # the real step, and the warm-up
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # recorded, not executed
+            self.dec.graphable_step(rows, kv_len)
+        self.graphs[key] = graph
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_fp32_greedy_matches_cpu(golden_dir: Path, inputs) -> None:
+    ckpt = load_gpt_checkpoint(golden_dir / "gpt_tiny_v2.ckpt")
+    cpu = Text2SemanticModel.from_checkpoint(ckpt)
+    gpu = Text2SemanticModel.from_checkpoint(ckpt, "cuda", torch.float32)
+    params = SamplingParams(top_k=1, early_stop_num=40)
+    for inp in inputs:
+        np.testing.assert_array_equal(_solo(gpu, inp, params), _solo(cpu, inp, params))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cuda_graph_replay_equals_eager(golden_dir: Path, inputs, dtype: torch.dtype) -> None:
+    ckpt = load_gpt_checkpoint(golden_dir / "gpt_tiny_v2.ckpt")
+    results = []
+    for use_graphs in (False, True):
+        gpu = Text2SemanticModel.from_checkpoint(ckpt, "cuda", dtype)
+        dec = BatchDecoder(gpu, 4, 512, bucket_rows=True)
+        runner = _GraphRunner(dec)
+        if use_graphs:
+            dec.run_step = runner
+        for i, inp in enumerate(inputs):
+            dec.add(i, *inp, SamplingParams(**SAMPLED, seed=i, early_stop_num=60))
+        out: dict = {}
+        _run(dec, out)
+        results.append(out)
+        if use_graphs:
+            assert runner.replays > 20
+    for i in range(len(inputs)):
+        np.testing.assert_array_equal(results[1][i], results[0][i])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float16, 0.05), (torch.bfloat16, 0.25)])
+def test_cuda_half_logits_close(golden_dir: Path, inputs, dtype: torch.dtype, tol: float) -> None:
+    ckpt = load_gpt_checkpoint(golden_dir / "gpt_tiny_v2.ckpt")
+    ph, bert, prompt = inputs[0]
+    out = []
+    with torch.inference_mode():
+        for m in (Text2SemanticModel.from_checkpoint(ckpt), Text2SemanticModel.from_checkpoint(ckpt, "cuda", dtype)):
+            m.setup_caches(1, 256)
+            out.append(m.prefill(0, torch.as_tensor(ph), torch.as_tensor(bert), torch.as_tensor(prompt)).cpu())
+    assert out[1].dtype == torch.float32  # logits stay fp32
+    assert (out[0] - out[1]).abs().max().item() < tol
