@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import resource
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -97,15 +98,17 @@ def _naive_tokens_per_s(gpt: Any, steps: int) -> float:
     return len(tokens) / dt
 
 
-def _zero_eos(engine: Any) -> None:
-    """Random weights: make EOS never win, so runs last exactly early_stop_num steps."""
+def _zero_eos_in_file(gpt_path: Path) -> None:
+    """Random weights: make EOS never win (its output row zeroed in the checkpoint), so every backend decodes
+    exactly ``early_stop_num`` steps."""
     import torch
 
-    with torch.no_grad():
-        engine.gpt.ar_predict_layer.weight[1024].zero_()
+    ckpt = torch.load(gpt_path, map_location="cpu", weights_only=True)
+    ckpt["weight"]["model.ar_predict_layer.weight"][1024].zero_()
+    torch.save(ckpt, gpt_path)
 
 
-def _ttfa_and_rtf(engine: Any, decode_gpt: Callable[[Any], np.ndarray]) -> tuple[float, float]:
+def _ttfa_and_rtf(engine: Any, decode_gpt: Callable[[Any], np.ndarray], gin: int) -> tuple[float, float]:
     """Cold time to first audio for a 10-word sentence, and the RTF of a 4-sentence text (no overlap credit)."""
     from synthesis.text import text_to_phonemes
 
@@ -115,22 +118,21 @@ def _ttfa_and_rtf(engine: Any, decode_gpt: Callable[[Any], np.ndarray]) -> tuple
     ph = text_to_phonemes(SENTENCE_10_WORDS, "en")
     req = type(req)(ph.ids, np.zeros((1024, ph.ids.size), np.float32), req.voice, req.params)
     tokens = decode_gpt(req)
-    wav = engine.decode(tokens, ph.ids, _voice_with_ge(engine, req.voice), 1.0, 0.5, 0)
+    wav = engine.decode(tokens, ph.ids, _voice_with_ge(req.voice, gin), 1.0, 0.5, 0)
     ttfa = time.perf_counter() - t0
     t0 = time.perf_counter()
     audio = 0
     for _ in range(TEXT_SENTENCES):
         tokens = decode_gpt(req)
-        audio += engine.decode(tokens, ph.ids, _voice_with_ge(engine, req.voice), 1.0, 0.5, 0).size
+        audio += engine.decode(tokens, ph.ids, _voice_with_ge(req.voice, gin), 1.0, 0.5, 0).size
     rtf = (time.perf_counter() - t0) / (audio / 32000)
     assert wav.size > 0
     return ttfa, rtf
 
 
-def _voice_with_ge(engine: Any, voice: Any) -> Any:
+def _voice_with_ge(voice: Any, gin: int) -> Any:
     import dataclasses
 
-    gin = engine.sovits.cfg.gin_channels
     return dataclasses.replace(voice, ge=np.full((gin, 1), 0.1, np.float32))
 
 
@@ -168,17 +170,22 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
         set_cpu_threads(threads)
     with tempfile.TemporaryDirectory(prefix=f"voicebot-bench-{size}-") as tmp:
         paths = write_model_set(Path(tmp), size=size, seed=0)
-        models = argparse.Namespace(gpt=paths["gpt"], sovits=paths["sovits"], hubert=paths["hubert"],
-                                    bert=paths["bert"])
+        no_eos = paths["gpt"].with_name("bench-no-eos.ckpt")  # decode-speed runs; the pipeline keeps EOS
+        shutil.copyfile(paths["gpt"], no_eos)
+        _zero_eos_in_file(no_eos)
+        from engines.gpt_sovits.checkpoint import load_sovits_checkpoint
+
+        gin = int(load_sovits_checkpoint(paths["sovits"]).config["model"]["gin_channels"])
+        models = argparse.Namespace(gpt=no_eos, sovits=paths["sovits"], hubert=paths["hubert"], bert=paths["bert"])
+        natural = argparse.Namespace(**{**vars(models), "gpt": paths["gpt"]})
         precisions = ["fp32"] if device == "cpu" else ["fp16", "bf16"]
         if device == "cpu" and "int8" in engines:
             precisions.append("int8")
         base = TorchEngine.from_files(models, device=device, precision="fp32" if device == "cpu" else "fp16",
                                       max_batch=max(batches), cuda_graphs=False)
-        _zero_eos(base)
         if "naive" in engines:
             tps = _naive_tokens_per_s(base.gpt, steps)
-            ttfa, rtf = _ttfa_and_rtf(base, _naive_gpt(base))
+            ttfa, rtf = _ttfa_and_rtf(base, _naive_gpt(base), gin)
             rows.append(Row("naive", base.precision, device, size, 1, tps, ttfa, rtf, _peak_mem_mb(device)))
             log.info("naive %s: %.1f tok/s", size, tps)
         if "torch" in engines or "int8" in engines:
@@ -187,17 +194,16 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
                     continue
                 eng = base if prec == base.precision else TorchEngine.from_files(
                     models, device=device, precision=prec, max_batch=max(batches))
-                _zero_eos(eng)
-                ttfa, rtf = _ttfa_and_rtf(eng, _engine_gpt(eng))
+                ttfa, rtf = _ttfa_and_rtf(eng, _engine_gpt(eng), gin)
                 for b in batches:
                     tps = _time_batch(eng, b, steps)
                     rows.append(Row("torch", prec, device, size, b, tps, ttfa if b == 1 else None,
                                     rtf if b == 1 else None, _peak_mem_mb(device)))
                     log.info("torch %s %s b%d: %.1f tok/s", prec, size, b, tps)
         if "onnx" in engines:
-            rows.extend(_bench_onnx(models, Path(tmp), size, batches, steps, device, threads))
+            rows.extend(_bench_onnx(models, Path(tmp), size, batches, steps, device, threads, gin))
         if "pipeline" in engines:
-            pipeline_rows.extend(asyncio.run(_bench_pipeline(models, Path(tmp), size, device)))
+            pipeline_rows.extend(asyncio.run(_bench_pipeline(natural, Path(tmp), size, device)))
     return rows, pipeline_rows
 
 
@@ -281,18 +287,17 @@ def format_pipeline_table(rows: list[PipelineRow]) -> str:
 
 
 def _bench_onnx(models: Any, tmp: Path, size: str, batches: list[int], steps: int, device: str,
-                threads: int) -> list[Row]:
+                threads: int, gin: int) -> list[Row]:
     try:
         from engines.onnx_engine import OnnxEngine
     except ImportError as e:
         log.warning("ONNX engine unavailable: %s", e)
         return []
     rows = []
-    for prec in ("fp32", "int8") if device == "cpu" else ("fp16",):
+    for prec in ("fp32", "int8"):
         eng = OnnxEngine.from_files(models, tmp / "onnx", device=device, precision=prec, threads=threads,
                                     max_batch=max(batches))
-        _zero_eos(eng)
-        ttfa, rtf = _ttfa_and_rtf(eng, _engine_gpt(eng))
+        ttfa, rtf = _ttfa_and_rtf(eng, _engine_gpt(eng), gin)
         for b in batches:
             tps = _time_batch(eng, b, steps)
             rows.append(Row("onnx", prec, device, size, b, tps, ttfa if b == 1 else None, rtf if b == 1 else None,

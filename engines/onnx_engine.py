@@ -41,7 +41,7 @@ from engines.gpt_sovits.sovits import mean_style
 from engines.gpt_sovits.spectrogram import reference_spec_input
 # The SemanticBatch adapter (request -> decoder inputs, cache-room clamp) is the torch engine's, so both backends
 # admit and cut requests identically.
-from engines.torch_engine import MAX_CONTEXT, _Batch
+from engines.torch_engine import MAX_CONTEXT, SlotBatch
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +331,7 @@ class GraphEngine:
     def open_batch(self, on_chunk: ChunkCallback | None = None) -> SemanticBatch:
         decoder = BatchDecoder(self.new_gpt(), max_slots=self.max_batch, max_len=MAX_CONTEXT,  # type: ignore[arg-type]
                                on_chunk=on_chunk)  # type: ignore[arg-type]
-        return _Batch(decoder)
+        return SlotBatch(decoder)
 
     def generate_semantic(self, requests: Sequence[SemanticRequest], on_chunk: ChunkCallback | None = None,
                           should_stop: StopFlag | None = None) -> list[np.ndarray]:

@@ -40,7 +40,7 @@ class ModelPaths(Protocol):
     bert: Path
 
 
-class _Batch:
+class SlotBatch:
     """Adapter from the Engine's SemanticBatch protocol to the GPT's BatchDecoder."""
 
     def __init__(self, decoder: BatchDecoder) -> None:
@@ -167,11 +167,11 @@ class TorchEngine:
     def open_batch(self, on_chunk: ChunkCallback | None = None) -> SemanticBatch:
         decoder = BatchDecoder(self.gpt, max_slots=self.max_batch, max_len=MAX_CONTEXT, on_chunk=on_chunk,
                                bucket_rows=self.cuda_graphs)
-        return _Batch(decoder)
+        return SlotBatch(decoder)
 
     def generate_semantic(self, requests: Sequence[SemanticRequest], on_chunk: ChunkCallback | None = None,
                           should_stop: StopFlag | None = None) -> list[np.ndarray]:
-        return generate(self.gpt, requests, on_chunk=on_chunk, should_stop=should_stop)
+        return generate(self.gpt, requests, on_chunk=on_chunk, should_stop=should_stop, max_slots=self.max_batch)
 
     @torch.inference_mode()
     def decode(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,
