@@ -57,11 +57,16 @@ def resolve_precision(precision: str, device: str) -> str:
     return precision
 
 
+def cpu_threads(threads: int) -> int:
+    """``threads``, or one per core the process may use when 0."""
+    return threads or len(os.sched_getaffinity(0))
+
+
 def set_cpu_threads(threads: int) -> int:
-    """Use ``threads`` CPU threads (0: one per core the process may use)."""
+    """Use ``threads`` CPU threads in the calling thread (0: one per core the process may use)."""
     import torch
 
-    n = threads or len(os.sched_getaffinity(0))
+    n = cpu_threads(threads)
     torch.set_num_threads(n)
     return n
 
@@ -73,14 +78,18 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
     backend = engine.backend
     if backend == "auto":
         backend = "tensorrt" if device.startswith("cuda") and importlib.util.find_spec("tensorrt") else "torch"
+    threads = cpu_threads(engine.threads)
     if device == "cpu":
-        set_cpu_threads(engine.threads)
+        # Only the device worker's thread may own a multi-threaded BLAS/OpenMP pool: when two threads own one,
+        # the OpenMP runtime sees more threads than cores and throttles, and the GPT's GEMVs run ~3x slower.
+        # The loading thread stays single-threaded; the engine's thread count applies where it runs (bind_thread).
+        set_cpu_threads(1)
     log.info("loading the %s engine on %s (%s)", backend, device, precision)
     if backend == "torch":
         from engines.torch_engine import TorchEngine
 
         return TorchEngine.from_files(models, device=device, precision=precision, max_batch=engine.max_batch,
-                                      cuda_graphs=engine.cuda_graphs)
+                                      cuda_graphs=engine.cuda_graphs, threads=threads)
     if backend == "onnx":
         from engines.onnx_engine import OnnxEngine
 

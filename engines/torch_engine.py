@@ -22,7 +22,7 @@ from engines.base import (
     VoicePrompt,
 )
 from engines.gpt_sovits.checkpoint import file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint
-from engines.gpt_sovits.generate import BatchDecoder, generate, request_inputs
+from engines.gpt_sovits.generate import SYNC_EVERY, BatchDecoder, generate, request_inputs
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.gpt_sovits.sovits import SoVITSDecoder, mean_style
 from engines.gpt_sovits.spectrogram import reference_spec_input
@@ -80,13 +80,14 @@ class TorchEngine:
 
     def __init__(self, gpt: Text2SemanticModel, sovits: SoVITSDecoder, *, device: str, precision: str,
                  model_id: str, hubert_path: Path | None = None, bert_path: Path | None = None,
-                 max_batch: int = 8, cuda_graphs: bool = True) -> None:
+                 max_batch: int = 8, cuda_graphs: bool = True, threads: int = 0) -> None:
         self.gpt = gpt
         self.sovits = sovits
         self.device = device
         self.precision = precision
         self.model_id = model_id
         self.max_batch = max_batch
+        self.threads = threads
         self.cuda_graphs = cuda_graphs and device.startswith("cuda")
         self._hubert_path = hubert_path
         self._bert_path = bert_path
@@ -97,7 +98,7 @@ class TorchEngine:
 
     @classmethod
     def from_files(cls, models: ModelPaths, *, device: str = "cpu", precision: str = "fp32", max_batch: int = 8,
-                   cuda_graphs: bool = True) -> TorchEngine:
+                   cuda_graphs: bool = True, threads: int = 0) -> TorchEngine:
         """Load the GPT and SoVITS checkpoints (HuBERT and BERT load on first use)."""
         for label, path in (("GPT", models.gpt), ("SoVITS", models.sovits)):
             if not Path(path).is_file():
@@ -114,7 +115,12 @@ class TorchEngine:
             f"{file_fingerprint(models.gpt)}:{file_fingerprint(models.sovits)}".encode()).hexdigest()[:16]
         return cls(gpt, sovits, device=device, precision=precision, model_id=model_id,
                    hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
-                   cuda_graphs=cuda_graphs)
+                   cuda_graphs=cuda_graphs, threads=threads)
+
+    def bind_thread(self) -> None:
+        """Called once by the thread that will run this engine: give it the engine's CPU threads."""
+        if self.device == "cpu" and self.threads:
+            torch.set_num_threads(self.threads)
 
     # ---- lazily loaded encoders ------------------------------------------------------------------------------
 
@@ -165,8 +171,9 @@ class TorchEngine:
         return self._bert_model().features(norm_text, word2ph)
 
     def open_batch(self, on_chunk: ChunkCallback | None = None) -> SemanticBatch:
+        # A host read costs nothing on the CPU, so check for EOS every step there (no wasted steps).
         decoder = BatchDecoder(self.gpt, max_slots=self.max_batch, max_len=MAX_CONTEXT, on_chunk=on_chunk,
-                               bucket_rows=self.cuda_graphs)
+                               sync_every=1 if self.device == "cpu" else SYNC_EVERY, bucket_rows=self.cuda_graphs)
         return SlotBatch(decoder)
 
     def generate_semantic(self, requests: Sequence[SemanticRequest], on_chunk: ChunkCallback | None = None,

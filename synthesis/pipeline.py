@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 LOOKAHEAD = 2  # sentences rendered ahead of the one being yielded
 FADE_S = 0.004  # seconds of fade at each sentence edge, so joins with the silence never click
 METRIC_WINDOW = 512  # recent samples kept for the ttfa / rtf histograms
+WARM_UP_TOKENS = 8  # GPT steps of the start-up warm-up run
+_PRIORITY_SPAN = 100_000  # job priority = request priority * span + sentence index (earlier sentences first)
 Progress = Callable[[str, float], None]
 
 
@@ -140,8 +142,12 @@ class Synthesizer:
         """Start a render task per sentence as soon as the sentence is complete."""
         try:
             index = 0
+            previous_gpt: asyncio.Event | None = None
             async for sentence in self._sentences(text, p):
-                task = asyncio.create_task(self._render(sentence, index, v, p, deadline, priority))
+                gpt_done = asyncio.Event()
+                task = asyncio.create_task(self._render(sentence, index, v, p, deadline, priority, previous_gpt,
+                                                        gpt_done))
+                previous_gpt = gpt_done
                 try:
                     await order.put(task)
                 except asyncio.CancelledError:
@@ -196,8 +202,24 @@ class Synthesizer:
                 next_piece.cancel()
 
     async def _render(self, sentence: str, index: int, voice: Voice, p: SynthesisParams, deadline: float,
-                      priority: int) -> AudioChunk:
-        """One sentence: front-end, prosody (cache or GPT), audio (cache or SoVITS)."""
+                      priority: int, after: asyncio.Event | None = None,
+                      gpt_done: asyncio.Event | None = None) -> AudioChunk:
+        """One sentence: front-end, prosody (cache or GPT), audio (cache or SoVITS).
+
+        A request's sentences take the GPT one after another (``after`` -> ``gpt_done``): sentence i+1's GPT runs
+        while sentence i is being decoded, and sentence 1 never shares the GPT with its own followers, which keeps
+        the time to first audio short. Earlier sentences go first on the vocoder too.
+        """
+        try:
+            return await self._render_sentence(sentence, index, voice, p, deadline,
+                                               priority * _PRIORITY_SPAN + index, after, gpt_done)
+        finally:
+            if gpt_done is not None:
+                gpt_done.set()  # never leave a follower waiting (cache hit, error or cancellation)
+
+    async def _render_sentence(self, sentence: str, index: int, voice: Voice, p: SynthesisParams,
+                               deadline: float, priority: int, after: asyncio.Event | None,
+                               gpt_done: asyncio.Event | None) -> AudioChunk:
         timings: dict[str, float] = {"gpt_s": 0.0, "sovits_s": 0.0, "prosody_hit": 0.0, "audio_hit": 0.0}
         ph = await asyncio.to_thread(text_to_phonemes, sentence, p.language)
         seed = _sentence_seed(p.seed, ph.norm_text)
@@ -215,8 +237,12 @@ class Synthesizer:
                 self.counters["prosody_hit"] += 1
             else:
                 self.counters["prosody_miss"] += 1
+                if after is not None:
+                    await after.wait()
                 tokens, timings["gpt_s"] = await self._semantic(ph, voice.prompt, p, seed, deadline, priority)
                 self.cache.put_tokens(pkey, tokens, voice.id)
+            if gpt_done is not None:
+                gpt_done.set()
             t0 = time.perf_counter()
             audio = await self.worker.call(
                 lambda: self.engine.decode(tokens, ph.ids, voice.prompt, p.speed, p.noise_scale, seed),
@@ -323,7 +349,8 @@ class Synthesizer:
                 pkey = self._prosody_key(voice, ph.norm_text, p)
                 if self.cache.get_tokens(pkey) is None:
                     seed = _sentence_seed(p.seed, ph.norm_text)
-                    tokens, _ = await self._semantic(ph, voice.prompt, p, seed, float("inf"), BACKGROUND)
+                    tokens, _ = await self._semantic(ph, voice.prompt, p, seed, float("inf"),
+                                                    BACKGROUND * _PRIORITY_SPAN)
                     self.cache.put_tokens(pkey, tokens, voice.id)
                     done += 1
             if progress is not None:
@@ -333,12 +360,21 @@ class Synthesizer:
     # ---- lifecycle ---------------------------------------------------------------------------------------------
 
     async def warm_up(self) -> None:
-        """Load the text front-end's dictionaries now, so the first request does not pay for them."""
+        """Pay the one-time costs now, not on the first request: the text front-end's dictionaries, the GPT's
+        KV cache allocation and the first-call kernel selection of the GPT and SoVITS."""
         for text, lang in (("Hello 42, how are you?", "en"), ("你好，一二三。", "zh")):
             try:
                 await asyncio.to_thread(text_to_phonemes, text, lang)
             except SpeechError as e:  # a missing optional language must not stop the process
                 log.warning("text front-end warm-up for %s failed: %s", lang, e)
+        ph = await asyncio.to_thread(text_to_phonemes, "Warming up.", "en")
+        _, ge = await self.worker.call(lambda: self.engine.encode_reference(None, [np.zeros(SAMPLE_RATE, np.float32)]))
+        prompt = VoicePrompt(np.zeros(0, np.int64), np.asarray(ge, np.float32), np.zeros(0, np.int64),
+                             np.zeros((1024, 0), np.float32))
+        request = SemanticRequest(ph.ids, np.zeros((1024, ph.ids.size), np.float32), prompt,
+                                  SamplingParams(seed=0, early_stop_num=WARM_UP_TOKENS))
+        tokens, _ = await self.worker.semantic(request)
+        await self.worker.call(lambda: self.engine.decode(tokens, ph.ids, prompt, 1.0, 0.5, 0))
 
     def metrics(self) -> dict[str, object]:
         c = self.counters

@@ -81,20 +81,28 @@ class _CallJob(_Job):
 
 
 class DeviceWorker:
-    """Owns an engine; runs GPT batches and vocoder calls on two threads."""
+    """Owns an engine; runs GPT batches and vocoder calls on one thread (CPU) or two (GPU)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, overlap: bool | None = None) -> None:
         self.engine = engine
+        # On a CPU the two kinds of work share the same cores, and their BLAS thread pools must not belong to two
+        # threads: measured on 2 cores, a GEMV called from a second thread that also uses the pool ran 3.4x slower
+        # (single-threaded). So on a CPU one device thread interleaves them, a GPT step or a vocoder call at a
+        # time, earliest sentence first. On a GPU two threads overlap them.
+        self.overlap = (not engine.device.startswith("cpu")) if overlap is None else overlap
         self._seq = itertools.count()
         self._gpt_queue: queue.PriorityQueue[tuple[int, int, _GptJob]] = queue.PriorityQueue()
         self._call_queue: queue.PriorityQueue[tuple[int, int, _CallJob]] = queue.PriorityQueue()
+        self._wake = threading.Event()
         self._closed = threading.Event()
         self._active_gpt = 0
         self.gpt_steps = 0
-        self._threads = [
-            threading.Thread(target=self._gpt_lane, name="voicebot-gpt", daemon=True),
-            threading.Thread(target=self._call_lane, name="voicebot-vocoder", daemon=True),
-        ]
+        self._gpt = _GptState()
+        if self.overlap:
+            targets = [(self._gpt_loop, "voicebot-gpt"), (self._call_loop, "voicebot-vocoder")]
+        else:
+            targets = [(self._device_loop, "voicebot-device")]
+        self._threads = [threading.Thread(target=t, name=n, daemon=True) for t, n in targets]
         for t in self._threads:
             t.start()
 
@@ -131,6 +139,7 @@ class DeviceWorker:
         if self._closed.is_set():
             raise WorkerClosed("the synthesis worker is shut down")
         q.put((job.priority, next(self._seq), job))
+        self._wake.set()
 
     @staticmethod
     async def _await(job: _Job) -> Any:
@@ -140,66 +149,107 @@ class DeviceWorker:
             job.cancel.set()  # the lane drops it before its next step
             raise
 
-    def _call_lane(self) -> None:
-        while not self._closed.is_set():
-            try:
-                _, _, job = self._call_queue.get(timeout=_IDLE_POLL_S)
-            except queue.Empty:
-                continue
-            if job.cancel.is_set():
-                continue
-            if job.expired():
-                job.resolve(error=DeadlineError("the request ran past its deadline before it could be rendered"))
-                continue
-            assert job.fn is not None
-            try:
-                job.resolve(job.fn())
-            except SpeechError as e:
-                job.resolve(error=e)
-            except Exception as e:  # a backend failure must reach the caller, not kill the lane
-                log.exception("vocoder lane job failed")
-                job.resolve(error=EngineError(f"synthesis failed: {e}"))
+    # ---- the loops ------------------------------------------------------------------------------------------
 
-    def _gpt_lane(self) -> None:
-        batch: SemanticBatch | None = None
-        running: dict[int, _GptJob] = {}
-        ids = itertools.count()
+    def _bind(self) -> None:
+        """Let the engine set up the calling thread (CPU thread count) if it needs to."""
+        bind = getattr(self.engine, "bind_thread", None)
+        if bind is not None:
+            bind()
+
+    def _device_loop(self) -> None:
+        """One thread for everything: the most urgent of (next vocoder call, next GPT step) runs next."""
+        self._bind()
         while not self._closed.is_set():
-            try:
-                if batch is None:
-                    batch = self.engine.open_batch()
-                if not running:  # idle: block for work
-                    try:
-                        item = self._gpt_queue.get(timeout=_IDLE_POLL_S)
-                    except queue.Empty:
-                        continue
-                    self._gpt_queue.put(item)
-                self._admit(batch, running, ids)
-                self._drop_cancelled(batch, running)
-                self._active_gpt = len(running)
-                if not running:
-                    continue
-                t0 = time.perf_counter()
-                finished = batch.step()
-                dt = time.perf_counter() - t0
-                self.gpt_steps += 1
-                for job in running.values():
-                    job.elapsed += dt
-                for rid, tokens in finished:
-                    job = running.pop(rid)
-                    job.resolve((tokens, job.elapsed))
-                self._active_gpt = len(running)
-            except Exception as e:
-                log.exception("GPT lane failed; failing its %d running requests", len(running))
-                err = e if isinstance(e, SpeechError) else EngineError(f"GPT decode failed: {e}")
-                for job in running.values():
-                    job.resolve(error=err)
-                running.clear()
-                batch = None
+            call_prio = self._peek_priority(self._call_queue)
+            gpt_prio = self._gpt_priority()
+            if call_prio is not None and (gpt_prio is None or call_prio <= gpt_prio):
+                self._run_call(block=False)
+            elif gpt_prio is not None:
+                self._gpt_tick()
+            else:
+                self._wake.wait(_IDLE_POLL_S)
+                self._wake.clear()
         self._active_gpt = 0
 
+    def _gpt_loop(self) -> None:
+        self._bind()
+        while not self._closed.is_set():
+            if self._gpt_priority() is None:
+                self._wake.wait(_IDLE_POLL_S)
+                self._wake.clear()
+                continue
+            self._gpt_tick()
+        self._active_gpt = 0
+
+    def _call_loop(self) -> None:
+        self._bind()
+        while not self._closed.is_set():
+            self._run_call(block=True)
+
+    @staticmethod
+    def _peek_priority(q: queue.PriorityQueue[Any]) -> int | None:
+        with q.mutex:
+            return q.queue[0][0] if q.queue else None
+
+    def _gpt_priority(self) -> int | None:
+        """Priority of the most urgent GPT work (running or queued), None when there is none."""
+        running = [j.priority for j in self._gpt.running.values()]
+        queued = self._peek_priority(self._gpt_queue)
+        candidates = running + ([queued] if queued is not None else [])
+        return min(candidates) if candidates else None
+
+    def _run_call(self, *, block: bool) -> None:
+        try:
+            _, _, job = self._call_queue.get(timeout=_IDLE_POLL_S) if block else self._call_queue.get_nowait()
+        except queue.Empty:
+            return
+        if job.cancel.is_set():
+            return
+        if job.expired():
+            job.resolve(error=DeadlineError("the request ran past its deadline before it could be rendered"))
+            return
+        assert job.fn is not None
+        try:
+            job.resolve(job.fn())
+        except SpeechError as e:
+            job.resolve(error=e)
+        except Exception as e:  # a backend failure must reach the caller, not kill the worker
+            log.exception("vocoder job failed")
+            job.resolve(error=EngineError(f"synthesis failed: {e}"))
+
+    def _gpt_tick(self) -> None:
+        """Admit queued requests, drop cancelled ones, run one decode step, deliver finished requests."""
+        g = self._gpt
+        try:
+            if g.batch is None:
+                g.batch = self.engine.open_batch()
+            self._admit(g.batch, g.running, g.ids)
+            self._drop_cancelled(g.batch, g.running)
+            self._active_gpt = len(g.running)
+            if not g.running:
+                return
+            t0 = time.perf_counter()
+            finished = g.batch.step()
+            dt = time.perf_counter() - t0
+            self.gpt_steps += 1
+            for job in g.running.values():
+                job.elapsed += dt
+            for rid, tokens in finished:
+                job = g.running.pop(rid)
+                job.resolve((tokens, job.elapsed))
+            self._active_gpt = len(g.running)
+        except Exception as e:
+            log.exception("GPT decode failed; failing its %d running requests", len(g.running))
+            err = e if isinstance(e, SpeechError) else EngineError(f"GPT decode failed: {e}")
+            for job in g.running.values():
+                job.resolve(error=err)
+            g.running.clear()
+            g.batch = None
+            self._active_gpt = 0
+
     def _admit(self, batch: SemanticBatch, running: dict[int, _GptJob], ids: itertools.count[int]) -> None:
-        """Move queued requests into free slots; a live request preempts a background one when full."""
+        """Move queued requests into free slots; a more urgent request preempts a background one when full."""
         while True:
             try:
                 prio, seq, job = self._gpt_queue.get_nowait()
@@ -233,3 +283,12 @@ class DeviceWorker:
             batch.cancel(rid)
             if not job.cancel.is_set():
                 job.resolve(error=DeadlineError("the request ran past its deadline during the GPT"))
+
+
+@dataclass
+class _GptState:
+    """The GPT's running batch, owned by the thread that steps it."""
+
+    batch: SemanticBatch | None = None
+    running: dict[int, _GptJob] = field(default_factory=dict)
+    ids: itertools.count[int] = field(default_factory=itertools.count)

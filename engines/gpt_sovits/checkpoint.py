@@ -139,20 +139,29 @@ def load_gpt_checkpoint(path: str | os.PathLike[str]) -> GptCheckpoint:
     config = obj.get("config")
     if not isinstance(weights, dict) or not isinstance(config, dict):
         if isinstance(config, HParams) or _looks_like_sovits(weights):
-            raise ModelFormatError(f"{path}: this is a SoVITS model (.pth), not a GPT model (.ckpt); swap the two paths.")
+            raise ModelFormatError(
+                f"{path}: this is a SoVITS model (.pth), not a GPT model (.ckpt); "
+                f"swap the two paths."
+            )
         raise ModelFormatError(
             f"{path}: not a GPT-SoVITS GPT checkpoint (expected 'weight' and 'config' entries, found {sorted(obj)})."
         )
     model_cfg = config.get("model")
     if not isinstance(model_cfg, dict):
-        raise ModelFormatError(f"{path}: GPT checkpoint has no 'model' section in its config; re-export it with GPT-SoVITS.")
+        raise ModelFormatError(
+            f"{path}: GPT checkpoint has no 'model' section in its config; "
+            f"re-export it with GPT-SoVITS."
+        )
     state_dict = {_strip_prefix(k): v for k, v in weights.items() if isinstance(v, torch.Tensor)}
     if any(k.startswith("cfm.") or k.startswith("enc_p.") for k in state_dict):
         raise ModelFormatError(f"{path}: this is a SoVITS model, not a GPT model (.ckpt); swap the two paths.")
     phonemes = int(model_cfg.get("phoneme_vocab_size", -1))
     vocab = int(model_cfg.get("vocab_size", -1))
     if phonemes == V1_GPT_PHONEMES:
-        raise ModelFormatError(f"{path}: this is a GPT-SoVITS v1 GPT (512 phonemes); v1 is not supported, use a v2 model.")
+        raise ModelFormatError(
+            f"{path}: this is a GPT-SoVITS v1 GPT (512 phonemes); "
+            f"v1 is not supported, use a v2 model."
+        )
     if phonemes != V2_SYMBOLS or vocab != SEMANTIC_VOCAB:
         raise ModelFormatError(
             f"{path}: GPT with phoneme_vocab_size={phonemes}, vocab_size={vocab} is not a v2 model "
@@ -199,16 +208,25 @@ def load_sovits_checkpoint(path: str | os.PathLike[str]) -> SovitsCheckpoint:
         raise ModelFormatError(f"{path}: v2Pro files are not supported yet; use a v2 model.")
     emb = state_dict.get("enc_p.text_embedding.weight")
     if emb is None:
-        raise ModelFormatError(f"{path}: SoVITS checkpoint lacks 'enc_p.text_embedding.weight'; the file is incomplete.")
+        raise ModelFormatError(
+            f"{path}: SoVITS checkpoint lacks 'enc_p.text_embedding.weight'; "
+            f"the file is incomplete."
+        )
     if emb.shape[0] == V1_SYMBOLS:
-        raise ModelFormatError(f"{path}: this is a GPT-SoVITS v1 SoVITS model (322 symbols); v1 is not supported, use a v2 model.")
+        raise ModelFormatError(
+            f"{path}: this is a GPT-SoVITS v1 SoVITS model (322 symbols); "
+            f"v1 is not supported, use a v2 model."
+        )
     if emb.shape[0] != V2_SYMBOLS:
         raise ModelFormatError(
             f"{path}: SoVITS text embedding has {emb.shape[0]} symbols, expected {V2_SYMBOLS} (v2); use a v2 model."
         )
     config = _to_plain(obj.get("config", {}))
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
-        raise ModelFormatError(f"{path}: SoVITS checkpoint has no 'model' section in its config; re-export it with GPT-SoVITS.")
+        raise ModelFormatError(
+            f"{path}: SoVITS checkpoint has no 'model' section in its config; "
+            f"re-export it with GPT-SoVITS."
+        )
     info = str(obj.get("info", ""))
     log.debug("loaded SoVITS checkpoint %s (%d tensors, info %r)", path, len(state_dict), info)
     return SovitsCheckpoint(state_dict=state_dict, config=config, version="v2", info=info)

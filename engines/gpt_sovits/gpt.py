@@ -6,15 +6,17 @@ text part is bidirectional and whose audio part is causal, and a bias-free head 
 
 What differs from upstream is the cache. The model owns one static buffer per layer, ``[2, slots, heads, max_len,
 head_dim]`` (K and V), sized once by :meth:`Text2SemanticModel.setup_caches`. A *slot* is one request's row: it is
-filled by :meth:`~Text2SemanticModel.prefill` and then grows by one position per :meth:`~Text2SemanticModel.decode_step`.
+filled by :meth:`~Text2SemanticModel.prefill` and then grows by one position per
+:meth:`~Text2SemanticModel.decode_step`.
 Rows keep their own lengths, so requests at different positions decode together and a new request can join a free
 slot between steps (continuous batching). Writes go by index; nothing is concatenated. A decode step attends over a
 bucketed prefix of the cache (``kv_len``), with a per-row mask beyond each row's length; its shapes depend only on
-(rows, ``kv_len``), and it never syncs with the host, so it can be captured in a CUDA graph per bucket.
+(rows, ``kv_len``), and it never syncs with the host, so it can be captured in a CUDA graph per bucket. On CPU the
+one-query attention is two batched GEMVs (``baddbmm``/``bmm``, measured faster there than SDPA); on CUDA it is SDPA.
 
 Precision: fp32 on CPU. On GPU the transformer's linear weights and the cache may be fp16/bf16, while the residual
 stream, layer-norm statistics, embeddings and the output head (hence the logits) stay fp32: half-precision logits are
-known to make GPT-SoVITS stop early.
+known to make GPT-SoVITS stop early. :meth:`Text2SemanticModel.quantize_int8` is an opt-in CPU speed path.
 """
 
 from __future__ import annotations
@@ -313,7 +315,9 @@ class Text2SemanticModel(nn.Module):
         if not self.kv:
             raise RuntimeError("setup_caches() must be called before prefill()")
         if s > self.max_len or not 0 <= slot < self.max_slots:
-            raise ValueError(f"prefill of {s} positions into slot {slot} exceeds the cache {self.max_slots}x{self.max_len}")
+            raise ValueError(
+                f"prefill of {s} positions into slot {slot} exceeds the cache {self.max_slots}x{self.max_len}"
+            )
         dev = self.pe.device
         x = self.embed_text(phones.to(dev)[None], bert.to(dev)[None])  # [1, Tx, D]
         if tp:

@@ -21,6 +21,15 @@ pytestmark = pytest.mark.conformance
 N_PROMPT_PHONES = 9  # gpt_io.npz: the first 9 phones are the prompt's
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """The tiny model is fastest on one thread, and one thread is robust on a busy shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def io(golden_dir: Path) -> dict[str, np.ndarray]:
     with np.load(golden_dir / "gpt_io.npz") as f:

@@ -10,13 +10,22 @@ import numpy as np
 import pytest
 import torch
 
-from engines.base import EngineError, SamplingParams, SemanticRequest, VoicePrompt
+from engines.base import EngineError, ModelFormatError, SamplingParams, SemanticRequest, VoicePrompt
 from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
 from engines.gpt_sovits.generate import BatchDecoder, generate
 from engines.gpt_sovits.gpt import Text2SemanticModel, build_random_gpt
 from engines.gpt_sovits.naive import naive_generate
 
 SAMPLED = dict(top_k=15, top_p=1.0, temperature=1.0, repetition_penalty=1.35)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """The tiny model is fastest on one thread, and one thread is robust on a busy shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +99,9 @@ def test_continuous_join_and_slot_reuse_equal_solo(model, inputs) -> None:
 
 def test_greedy_batched_generate_equals_solo_and_naive(model, inputs) -> None:
     params = SamplingParams(top_k=1, early_stop_num=45)
-    voice = lambda ph_n, inp: VoicePrompt(inp[2], np.zeros((128, 1), np.float32), inp[0][:ph_n], inp[1][:, :ph_n])  # noqa: E731
+    def voice(n: int, inp) -> VoicePrompt:
+        return VoicePrompt(inp[2], np.zeros((128, 1), np.float32), inp[0][:n], inp[1][:, :n])
+
     reqs = [SemanticRequest(inp[0][5:], inp[1][:, 5:], voice(5, inp), params) for inp in inputs[:3]]
     reqs.append(SemanticRequest(inputs[3][0], inputs[3][1], VoicePrompt(np.zeros(0, np.int64), np.zeros((128, 1)),
                 np.zeros(0, np.int64), np.zeros((1024, 0), np.float32)), params))
@@ -196,6 +207,17 @@ def test_int8_logits_close_to_fp32(model, inputs) -> None:
     err = (out[0] - out[1]).abs().max().item()
     assert err < 0.05 * out[0].abs().max().item()
     assert err > 0  # it really is a different (quantised) computation
+
+
+def test_from_checkpoint_is_strict(golden_dir: Path) -> None:
+    ckpt = load_gpt_checkpoint(golden_dir / "gpt_tiny_v2.ckpt")
+    broken = dict(ckpt.state_dict)
+    del broken["h.layers.1.norm2.bias"]
+    broken["ar_predict_layer.weight"] = broken["ar_predict_layer.weight"][:, :64]
+    with pytest.raises(ModelFormatError, match="missing.*h.layers.1.norm2.bias.*ar_predict_layer.weight"):
+        Text2SemanticModel.from_checkpoint(type(ckpt)(broken, ckpt.config, ckpt.info))
+    with pytest.raises(ValueError, match="fp32 only"):
+        Text2SemanticModel.from_checkpoint(ckpt, "cpu", torch.float16)
 
 
 def test_build_random_gpt_sizes() -> None:
