@@ -22,7 +22,7 @@ from engines.base import (
     VoicePrompt,
 )
 from engines.gpt_sovits.checkpoint import file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint
-from engines.gpt_sovits.generate import SYNC_EVERY, BatchDecoder, generate, request_inputs
+from engines.gpt_sovits.generate import SYNC_EVERY, BatchDecoder, CudaGraphStep, generate, request_inputs
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.gpt_sovits.sovits import SoVITSDecoder, mean_style
 from engines.gpt_sovits.spectrogram import reference_spec_input
@@ -174,6 +174,8 @@ class TorchEngine:
         # A host read costs nothing on the CPU, so check for EOS every step there (no wasted steps).
         decoder = BatchDecoder(self.gpt, max_slots=self.max_batch, max_len=MAX_CONTEXT, on_chunk=on_chunk,
                                sync_every=1 if self.device == "cpu" else SYNC_EVERY, bucket_rows=self.cuda_graphs)
+        if self.cuda_graphs:
+            decoder.run_step = CudaGraphStep(decoder)
         return SlotBatch(decoder)
 
     def generate_semantic(self, requests: Sequence[SemanticRequest], on_chunk: ChunkCallback | None = None,

@@ -22,7 +22,7 @@ from engines.base import SAMPLE_RATE, Engine, SamplingParams, SemanticRequest, S
 from synthesis.audio import decode_upload, prepare_reference
 from synthesis.cache import SynthesisCache
 from synthesis.scheduler import BACKGROUND, LIVE, DeviceWorker
-from synthesis.text import SentenceStream, bert_features, normalize_for_cache, split_sentences, text_to_phonemes
+from synthesis.text import Phonemes, SentenceStream, bert_features, normalize_for_cache, split_sentences, text_to_phonemes
 from synthesis.types import AudioChunk, BusyError, SynthesisParams, Voice, VoiceNotFound
 from synthesis.voices import VoiceStore
 
@@ -223,7 +223,7 @@ class Synthesizer:
         timings: dict[str, float] = {"gpt_s": 0.0, "sovits_s": 0.0, "prosody_hit": 0.0, "audio_hit": 0.0}
         ph = await asyncio.to_thread(text_to_phonemes, sentence, p.language)
         seed = _sentence_seed(p.seed, ph.norm_text)
-        pkey = self._prosody_key(voice, ph.norm_text, p)
+        pkey = self._prosody_key(voice, ph, p)
         akey = self.cache.audio_key(pkey, p.speed, p.noise_scale, p.seed if p.seed != -1 else "any")
         audio = self.cache.get_audio(akey)
         if audio is not None:
@@ -263,14 +263,20 @@ class Synthesizer:
         request = SemanticRequest(ph.ids, bert, prompt, sampling)  # type: ignore[attr-defined]
         return await self.worker.semantic(request, priority=priority, deadline=deadline)
 
-    def _prosody_key(self, voice: Voice, norm_text: str, p: SynthesisParams) -> str:
+    def _prosody_key(self, voice: Voice, ph: Phonemes, p: SynthesisParams) -> str:
+        """The cache key of a sentence's semantic tokens.
+
+        The language part is the languages the front-end actually used for its pieces, not the requested mode,
+        so "auto" and "en" share entries for an English sentence (precomputed phrases hit either way).
+        """
         sampling = {"top_k": p.top_k, "top_p": p.top_p, "temperature": p.temperature,
                     "repetition_penalty": p.repetition_penalty,
                     # a random-seed request takes any earlier sample of the same text (that is what makes
                     # precomputed common phrases hit); a seeded one only its own
                     "seed": p.seed if p.seed != -1 else "any"}
         return self.cache.prosody_key(self.engine.model_id, voice.id, voice.version,
-                                      normalize_for_cache(norm_text), p.language, sampling)
+                                      normalize_for_cache(ph.norm_text),
+                                      "+".join(piece.lang for piece in ph.pieces), sampling)
 
     def _resolve_voice(self, voice: Voice | str) -> Voice:
         if isinstance(voice, Voice):
@@ -346,7 +352,7 @@ class Synthesizer:
         for i, phrase in enumerate(phrases):
             for sentence in split_sentences(phrase, p.split_method, p.language):
                 ph = await asyncio.to_thread(text_to_phonemes, sentence, p.language)
-                pkey = self._prosody_key(voice, ph.norm_text, p)
+                pkey = self._prosody_key(voice, ph, p)
                 if self.cache.get_tokens(pkey) is None:
                     seed = _sentence_seed(p.seed, ph.norm_text)
                     tokens, _ = await self._semantic(ph, voice.prompt, p, seed, float("inf"),

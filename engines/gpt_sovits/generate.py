@@ -28,7 +28,7 @@ from engines.gpt_sovits.sampling import SamplerState, sample_step
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BatchDecoder", "generate", "request_inputs", "SYNC_EVERY"]
+__all__ = ["BatchDecoder", "CudaGraphStep", "generate", "request_inputs", "SYNC_EVERY"]
 
 SYNC_EVERY = 8  # decode steps between host reads of the EOS flags
 GENERATE_MAX_SLOTS = 16  # generate(): rows decoded at once; further requests wait for a free slot
@@ -284,6 +284,37 @@ class BatchDecoder:
         # A power of two: the width only has to cover every row's k, and few distinct widths mean few CUDA graphs.
         self._max_top_k = min(self.model.config.vocab, 1 << (top_k - 1).bit_length())
         self._use_top_p = any(r.top_p < 1.0 for r in rows)
+
+
+class CudaGraphStep:
+    """A :attr:`BatchDecoder.run_step` that replays one CUDA graph per decode shape.
+
+    The first call of a shape (rows, kv_len, sampler bounds) runs eagerly on a side stream (the warm-up the
+    capture needs) and then captures; later calls replay. Shapes are bucketed by the decoder (``bucket_rows`` and
+    the KV bucket), so the number of graphs stays small.
+    """
+
+    def __init__(self, decoder: BatchDecoder) -> None:
+        self.decoder = decoder
+        self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}
+        self.replays = 0
+
+    def __call__(self, rows: int, kv_len: int) -> None:
+        key = (rows, kv_len, *self.decoder.sampler_bounds)
+        graph = self.graphs.get(key)
+        if graph is not None:
+            graph.replay()
+            self.replays += 1
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.decoder.graphable_step(rows, kv_len)  # this step, for real, and the capture's warm-up
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # recorded, not executed
+            self.decoder.graphable_step(rows, kv_len)
+        self.graphs[key] = graph
 
 
 def generate(

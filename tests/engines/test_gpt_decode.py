@@ -12,7 +12,7 @@ import torch
 
 from engines.base import EngineError, ModelFormatError, SamplingParams, SemanticRequest, VoicePrompt
 from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
-from engines.gpt_sovits.generate import BatchDecoder, generate
+from engines.gpt_sovits.generate import BatchDecoder, CudaGraphStep, generate
 from engines.gpt_sovits.gpt import Text2SemanticModel, build_random_gpt
 from engines.gpt_sovits.naive import naive_generate
 
@@ -229,30 +229,6 @@ def test_build_random_gpt_sizes() -> None:
         build_random_gpt("huge")
 
 
-class _GraphRunner:
-    """Replays one CUDA graph per decode shape: the first call of a shape runs eagerly (the warm-up), then captures."""
-
-    def __init__(self, dec: BatchDecoder) -> None:
-        self.dec, self.graphs, self.replays = dec, {}, 0
-
-    def __call__(self, rows: int, kv_len: int) -> None:
-        key = (rows, kv_len, *self.dec.sampler_bounds)
-        graph = self.graphs.get(key)
-        if graph is not None:
-            graph.replay()
-            self.replays += 1
-            return
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.dec.graphable_step(rows, kv_len)  # the real step, and the warm-up
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # recorded, not executed
-            self.dec.graphable_step(rows, kv_len)
-        self.graphs[key] = graph
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_fp32_greedy_matches_cpu(golden_dir: Path, inputs) -> None:
@@ -273,7 +249,7 @@ def test_cuda_graph_replay_equals_eager(golden_dir: Path, inputs, dtype: torch.d
     for use_graphs in (False, True):
         gpu = Text2SemanticModel.from_checkpoint(ckpt, "cuda", dtype)
         dec = BatchDecoder(gpu, 4, 512, bucket_rows=True)
-        runner = _GraphRunner(dec)
+        runner = CudaGraphStep(dec)
         if use_graphs:
             dec.run_step = runner
         for i, inp in enumerate(inputs):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bot.services import build_synthesizer
+from synthesis.text import text_to_phonemes
 from synthesis.types import BusyError, SynthesisParams
 from tests.audio_samples import speech_like_wav
 
@@ -93,7 +94,7 @@ async def test_voice_delete_leaves_nothing(synth, voice, tiny_config):
     before = _files(tiny_config.voices.dir)
     assert before  # the voice's files exist
     await collect(synth, "Something to cache.", voice)
-    key = synth._prosody_key(voice, "Something to cache.", SEEDED)
+    key = synth._prosody_key(voice, text_to_phonemes("Something to cache.", "en"), SEEDED)
     assert synth.cache.get_tokens(key) is not None
     await synth.delete_voice(voice.id)
     assert not _files(tiny_config.voices.dir)
