@@ -7,6 +7,7 @@ a :class:`VoicePrompt` the caller keeps and passes in with every request.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -101,6 +102,15 @@ class SemanticRequest:
 ChunkCallback = Callable[[int, np.ndarray], None]
 # should_stop(request_index) -> True cancels that request; checked between decode steps.
 StopFlag = Callable[[int], bool]
+
+
+class ModelPaths(Protocol):
+    """Where a model set's files are (``bot.config.ModelsConfig`` satisfies it)."""
+
+    gpt: Path
+    sovits: Path
+    hubert: Path
+    bert: Path
 
 
 class SemanticBatch(Protocol):

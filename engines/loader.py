@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from engines.base import Engine, EngineError
+from engines.base import ModelPaths, Engine, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +26,6 @@ class EngineSettings(Protocol):
     tensorrt_dir: Path
     tensorrt_workspace_mb: int
 
-
-class ModelPaths(Protocol):
-    gpt: Path
-    sovits: Path
-    hubert: Path
-    bert: Path
 
 
 def resolve_device(device: str) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from engines.base import (
+    ModelPaths,
     BERT_DIM,
     ChunkCallback,
     EngineError,
@@ -33,6 +34,7 @@ from engines.base import (
     StopFlag,
     VoicePrompt,
 )
+from engines.encoders import LazyEncoders
 from engines.export import GRAPHS, INT8_STEP, ensure_onnx, load_manifest, quantize_step_int8
 from engines.gpt_sovits.checkpoint import file_fingerprint
 from engines.gpt_sovits.generate import BatchDecoder, generate
@@ -50,12 +52,6 @@ __all__ = ["OnnxEngine", "GraphEngine", "GraphGpt", "GraphRunner"]
 PRECISIONS = ("fp32", "int8")  # fp16 graphs run through the tensorrt backend
 _NP_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32}
 
-
-class ModelPaths(Protocol):
-    gpt: Path
-    sovits: Path
-    hubert: Path
-    bert: Path
 
 
 class GraphRunner(Protocol):
@@ -262,33 +258,8 @@ class GraphEngine:
         self.max_batch = max_batch
         self.step_graph = step_graph
         self.sample_rate = int(manifest["sovits"]["sampling_rate"])
-        self._hubert_path, self._bert_path = hubert_path, bert_path
-        self._hubert: Any = None
-        self._bert: Any = None
-        self._lazy_lock = threading.Lock()
-
-    def _encoder_dtype(self) -> torch.dtype:
-        return torch.float16 if self.device.startswith("cuda") and self.precision == "fp16" else torch.float32
-
-    def _hubert_model(self) -> Any:
-        with self._lazy_lock:
-            if self._hubert is None:
-                from engines.gpt_sovits.ssl import HubertEncoder
-
-                if self._hubert_path is None:
-                    raise EngineError("no HuBERT model configured (models.hubert)")
-                self._hubert = HubertEncoder.from_folder(self._hubert_path, self.device, self._encoder_dtype())
-            return self._hubert
-
-    def _bert_model(self) -> Any:
-        with self._lazy_lock:
-            if self._bert is None:
-                from engines.gpt_sovits.bert import BertFeaturizer
-
-                if self._bert_path is None:
-                    raise EngineError("no BERT model configured (models.bert)")
-                self._bert = BertFeaturizer.from_folder(self._bert_path, self.device, self._encoder_dtype())
-            return self._bert
+        half = device.startswith("cuda") and precision == "fp16"
+        self.encoders = LazyEncoders(hubert_path, bert_path, device, torch.float16 if half else torch.float32)
 
     # ---- Engine protocol -------------------------------------------------------------------------------------
 
@@ -299,7 +270,7 @@ class GraphEngine:
             raise EngineError("encode_reference needs at least one 32 kHz reference clip")
         tokens = np.zeros(0, np.int64)
         if wav16k is not None:
-            ssl = self._hubert_model().encode(wav16k)  # [1, 768, T50]
+            ssl = self.encoders.hubert().encode(wav16k)  # [1, 768, T50]
             tokens = self.extract_latent(ssl)[0, 0].cpu().numpy().astype(np.int64)
         ges = [self.ref_style(reference_spec_input(np.asarray(w, np.float32))) for w in refs32k]
         return tokens, mean_style(ges)[0].float().cpu().numpy()
@@ -322,7 +293,7 @@ class GraphEngine:
 
     @torch.inference_mode()
     def text_features(self, norm_text: str, word2ph: Sequence[int]) -> np.ndarray:
-        return self._bert_model().features(norm_text, word2ph)
+        return self.encoders.bert().features(norm_text, word2ph)
 
     def new_gpt(self) -> GraphGpt:
         """A GPT with its own KV cache (one per decode batch)."""

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
-from engines.base import BERT_DIM, EngineError
+from engines.base import ModelPaths, BERT_DIM, EngineError
 from engines.export import GRAPHS, ensure_onnx, load_manifest
 from engines.gpt_sovits.checkpoint import file_fingerprint
 from engines.onnx_engine import GraphEngine
@@ -45,12 +45,6 @@ MAX_REF_BATCH = 4  # references encoded at once
 FP32_LAYER_KINDS = ("NORMALIZATION", "SOFTMAX", "REDUCE")  # kept in FP32 inside FP16 engines
 _FP16_IO = ("past_k_", "past_v_", "new_k", "new_v", "keys", "values")  # GPT K/V tensors: FP16 I/O
 
-
-class ModelPaths(Protocol):
-    gpt: Path
-    sovits: Path
-    hubert: Path
-    bert: Path
 
 
 Shape = tuple[int, ...]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import threading
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -13,6 +12,7 @@ import numpy as np
 import torch
 
 from engines.base import (
+    ModelPaths,
     MAX_DECODE_STEPS,
     ChunkCallback,
     EngineError,
@@ -21,6 +21,7 @@ from engines.base import (
     StopFlag,
     VoicePrompt,
 )
+from engines.encoders import LazyEncoders
 from engines.gpt_sovits.checkpoint import file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint
 from engines.gpt_sovits.generate import SYNC_EVERY, BatchDecoder, CudaGraphStep, generate, request_inputs
 from engines.gpt_sovits.gpt import Text2SemanticModel
@@ -32,12 +33,6 @@ log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MAX_CONTEXT = 2048  # KV positions per slot: prompt phones + text + prompt tokens + generated tokens (grows if needed)
 
-
-class ModelPaths(Protocol):
-    gpt: Path
-    sovits: Path
-    hubert: Path
-    bert: Path
 
 
 class SlotBatch:
@@ -89,12 +84,10 @@ class TorchEngine:
         self.max_batch = max_batch
         self.threads = threads
         self.cuda_graphs = cuda_graphs and device.startswith("cuda")
-        self._hubert_path = hubert_path
-        self._bert_path = bert_path
-        self._hubert: object | None = None
-        self._bert: object | None = None
-        self._lazy_lock = threading.Lock()
         self._sovits_dtype = DTYPES.get(precision, torch.float32)
+        # HuBERT/BERT in the SoVITS precision on GPU, fp32 on CPU
+        self.encoders = LazyEncoders(hubert_path, bert_path, device,
+                                     self._sovits_dtype if device.startswith("cuda") else torch.float32)
 
     @classmethod
     def from_files(cls, models: ModelPaths, *, device: str = "cpu", precision: str = "fp32", max_batch: int = 8,
@@ -124,29 +117,6 @@ class TorchEngine:
 
     # ---- lazily loaded encoders ------------------------------------------------------------------------------
 
-    def _hubert_model(self):  # type: ignore[no-untyped-def]
-        with self._lazy_lock:
-            if self._hubert is None:
-                from engines.gpt_sovits.ssl import HubertEncoder
-
-                if self._hubert_path is None:
-                    raise EngineError("no HuBERT model configured (models.hubert)")
-                self._hubert = HubertEncoder.from_folder(self._hubert_path, self.device, self._encoder_dtype())
-            return self._hubert
-
-    def _bert_model(self):  # type: ignore[no-untyped-def]
-        with self._lazy_lock:
-            if self._bert is None:
-                from engines.gpt_sovits.bert import BertFeaturizer
-
-                if self._bert_path is None:
-                    raise EngineError("no BERT model configured (models.bert)")
-                self._bert = BertFeaturizer.from_folder(self._bert_path, self.device, self._encoder_dtype())
-            return self._bert
-
-    def _encoder_dtype(self) -> torch.dtype:
-        return self._sovits_dtype if self.device.startswith("cuda") else torch.float32
-
     # ---- Engine protocol -------------------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -156,7 +126,7 @@ class TorchEngine:
             raise EngineError("encode_reference needs at least one 32 kHz reference clip")
         tokens = np.zeros(0, np.int64)
         if wav16k is not None:
-            ssl = self._hubert_model().encode(wav16k)  # [1, 768, T50]
+            ssl = self.encoders.hubert().encode(wav16k)  # [1, 768, T50]
             codes = self.sovits.extract_latent(ssl.to(self._sovits_dtype))  # [1, 1, T25]
             tokens = codes[0, 0].cpu().numpy().astype(np.int64)
         ges = []
@@ -168,7 +138,7 @@ class TorchEngine:
 
     @torch.inference_mode()
     def text_features(self, norm_text: str, word2ph: Sequence[int]) -> np.ndarray:
-        return self._bert_model().features(norm_text, word2ph)
+        return self.encoders.bert().features(norm_text, word2ph)
 
     def open_batch(self, on_chunk: ChunkCallback | None = None) -> SemanticBatch:
         # A host read costs nothing on the CPU, so check for EOS every step there (no wasted steps).
