@@ -236,10 +236,12 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
             report = {
                 "ttfa_s": round(ttfa or 0.0, 4), "total_s": round(total, 4), "audio_s": round(audio_s, 4),
                 "rtf": round(total / audio_s, 4) if audio_s else None, "load_s": round(load_s, 3),
+                # one entry per sentence (an early first chunk is part of its sentence)
                 "sentences": [{"text": c.sentence, "gpt_s": round(c.timings.get("gpt_s", 0.0), 4),
                                "sovits_s": round(c.timings.get("sovits_s", 0.0), 4),
                                "prosody_hit": bool(c.timings.get("prosody_hit")),
-                               "audio_hit": bool(c.timings.get("audio_hit"))} for c in chunks],
+                               "audio_hit": bool(c.timings.get("audio_hit"))}
+                              for c in chunks if not c.timings.get("partial")],
             }
             if args.json:
                 print(json.dumps(report))

@@ -77,6 +77,7 @@ class SynthesisConfig:
     stream_pause_s: float = 1.5
     stream_max_chars: int = 300
     max_text_chars: int = 5000
+    first_chunk_tokens: int = 24
 
 
 @dataclass(frozen=True)

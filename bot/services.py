@@ -47,6 +47,7 @@ def build_synthesizer(config: Config) -> Synthesizer:
     s, v = config.synthesis, config.voices
     limits = Limits(queue_size=s.queue_size, deadline_s=s.deadline_s, stream_pause_s=s.stream_pause_s,
                     stream_max_chars=s.stream_max_chars, max_text_chars=s.max_text_chars,
+                    first_chunk_tokens=s.first_chunk_tokens,
                     max_upload_bytes=int(v.max_upload_mb * MB), max_upload_s=v.max_upload_s,
                     min_speech_s=v.min_speech_s, max_speech_s=v.max_speech_s)
     return Synthesizer(engine, voices, cache, defaults=default_params(config), limits=limits)

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 import numpy as np
 
-from engines.base import SAMPLE_RATE, Engine, SamplingParams, SemanticRequest, SpeechError, VoicePrompt
+from engines.base import SAMPLE_RATE, SAMPLES_PER_TOKEN, Engine, SamplingParams, SemanticRequest, SpeechError, VoicePrompt
 from synthesis.audio import decode_upload, prepare_reference
 from synthesis.cache import SynthesisCache
 from synthesis.scheduler import BACKGROUND, LIVE, DeviceWorker
@@ -32,7 +32,9 @@ LOOKAHEAD = 2  # sentences rendered ahead of the one being yielded
 FADE_S = 0.004  # seconds of fade at each sentence edge, so joins with the silence never click
 METRIC_WINDOW = 512  # recent samples kept for the ttfa / rtf histograms
 WARM_UP_TOKENS = 8  # GPT steps of the start-up warm-up run
-_PRIORITY_SPAN = 100_000  # job priority = request priority * span + sentence index (earlier sentences first)
+_PRIORITY_SPAN = 100_000
+EARLY_HOLDBACK_TOKENS = 4  # the early chunk's last tokens lack right context: the full decode replaces them
+CROSSFADE_SAMPLES = 640  # 20 ms @ 32 kHz where the early chunk hands over to the full decode  # job priority = request priority * span + sentence index (earlier sentences first)
 Progress = Callable[[str, float], None]
 
 
@@ -45,6 +47,7 @@ class Limits:
     stream_pause_s: float = 1.5  # flush streamed text after this pause
     stream_max_chars: int = 300  # ...or once this much is pending
     max_text_chars: int = 5000
+    first_chunk_tokens: int = 24  # first sentence: speak its first tokens before its GPT ends (0 = off)
     max_upload_bytes: int = 25 * 1024 * 1024
     max_upload_s: float = 600.0
     min_speech_s: float = 3.0
@@ -109,9 +112,9 @@ class Synthesizer:
         started = time.perf_counter()
         audio_s = 0.0
         # The producer turns text into render tasks; the bounded queue limits how far it runs ahead.
-        order: asyncio.Queue[asyncio.Task[AudioChunk] | BaseException | None] = asyncio.Queue(LOOKAHEAD)
+        order: asyncio.Queue[asyncio.Task[AudioChunk | None] | BaseException | None] = asyncio.Queue(LOOKAHEAD)
         producer = asyncio.create_task(self._produce(text, v, p, deadline, priority, order))
-        current: asyncio.Task[AudioChunk] | None = None
+        current: asyncio.Task[AudioChunk | None] | None = None
         try:
             while (item := await order.get()) is not None:
                 if isinstance(item, BaseException):
@@ -119,6 +122,8 @@ class Synthesizer:
                 current = item
                 chunk = await current
                 current = None
+                if chunk is None:  # an early chunk that did not happen (short sentence, cache hit)
+                    continue
                 if audio_s == 0.0:
                     self.ttfa_s.append(time.perf_counter() - started)
                 audio_s += chunk.audio.size / SAMPLE_RATE
@@ -138,20 +143,32 @@ class Synthesizer:
             await asyncio.gather(producer, *leftovers, return_exceptions=True)
 
     async def _produce(self, text: str | AsyncIterator[str], v: Voice, p: SynthesisParams, deadline: float,
-                       priority: int, order: asyncio.Queue[asyncio.Task[AudioChunk] | BaseException | None]) -> None:
+                       priority: int,
+                       order: asyncio.Queue[asyncio.Task[AudioChunk | None] | BaseException | None]) -> None:
         """Start a render task per sentence as soon as the sentence is complete."""
         try:
             index = 0
             previous_gpt: asyncio.Event | None = None
             async for sentence in self._sentences(text, p):
                 gpt_done = asyncio.Event()
+                early = None
+                if index == 0 and self.limits.first_chunk_tokens > 0 and p.speed == 1.0:
+                    early = _EarlyChunk(self.limits.first_chunk_tokens)
+                    early_task = asyncio.create_task(self._render_early(sentence, v, p, deadline, priority, early))
+                    try:
+                        await order.put(early_task)
+                    except asyncio.CancelledError:
+                        early_task.cancel()
+                        raise
                 task = asyncio.create_task(self._render(sentence, index, v, p, deadline, priority, previous_gpt,
-                                                        gpt_done))
+                                                        gpt_done, early))
                 previous_gpt = gpt_done
                 try:
                     await order.put(task)
                 except asyncio.CancelledError:
                     task.cancel()
+                    if early is not None:
+                        early.give_up()
                     raise
                 index += 1
             await order.put(None)
@@ -203,7 +220,7 @@ class Synthesizer:
 
     async def _render(self, sentence: str, index: int, voice: Voice, p: SynthesisParams, deadline: float,
                       priority: int, after: asyncio.Event | None = None,
-                      gpt_done: asyncio.Event | None = None) -> AudioChunk:
+                      gpt_done: asyncio.Event | None = None, early: _EarlyChunk | None = None) -> AudioChunk:
         """One sentence: front-end, prosody (cache or GPT), audio (cache or SoVITS).
 
         A request's sentences take the GPT one after another (``after`` -> ``gpt_done``): sentence i+1's GPT runs
@@ -212,20 +229,23 @@ class Synthesizer:
         """
         try:
             return await self._render_sentence(sentence, index, voice, p, deadline,
-                                               priority * _PRIORITY_SPAN + index, after, gpt_done)
+                                               priority * _PRIORITY_SPAN + index, after, gpt_done, early)
         finally:
             if gpt_done is not None:
                 gpt_done.set()  # never leave a follower waiting (cache hit, error or cancellation)
+            if early is not None:
+                early.give_up()  # nor the early chunk
 
     async def _render_sentence(self, sentence: str, index: int, voice: Voice, p: SynthesisParams,
                                deadline: float, priority: int, after: asyncio.Event | None,
-                               gpt_done: asyncio.Event | None) -> AudioChunk:
+                               gpt_done: asyncio.Event | None, early: _EarlyChunk | None) -> AudioChunk:
         timings: dict[str, float] = {"gpt_s": 0.0, "sovits_s": 0.0, "prosody_hit": 0.0, "audio_hit": 0.0}
         ph = await asyncio.to_thread(text_to_phonemes, sentence, p.language)
         seed = _sentence_seed(p.seed, ph.norm_text)
         pkey = self._prosody_key(voice, ph, p)
         akey = self.cache.audio_key(pkey, p.speed, p.noise_scale, p.seed if p.seed != -1 else "any")
         audio = self.cache.get_audio(akey)
+        emitted = 0  # samples of this sentence the early chunk already delivered
         if audio is not None:
             timings["audio_hit"] = timings["prosody_hit"] = 1.0
             self.counters["audio_hit"] += 1
@@ -235,33 +255,67 @@ class Synthesizer:
             if tokens is not None:
                 timings["prosody_hit"] = 1.0
                 self.counters["prosody_hit"] += 1
+                if early is not None:
+                    early.offer(ph, tokens, seed)
             else:
                 self.counters["prosody_miss"] += 1
                 if after is not None:
                     await after.wait()
-                tokens, timings["gpt_s"] = await self._semantic(ph, voice.prompt, p, seed, deadline, priority)
+                on_tokens = (lambda new: early.collect(ph, new, seed)) if early is not None else None
+                tokens, timings["gpt_s"] = await self._semantic(ph, voice.prompt, p, seed, deadline, priority,
+                                                                on_tokens)
                 self.cache.put_tokens(pkey, tokens, voice.id)
             if gpt_done is not None:
                 gpt_done.set()
+            if early is not None:
+                early.give_up()  # no early chunk unless it has started by now
             t0 = time.perf_counter()
             audio = await self.worker.call(
                 lambda: self.engine.decode(tokens, ph.ids, voice.prompt, p.speed, p.noise_scale, seed),
                 priority=priority, deadline=deadline)
             timings["sovits_s"] = time.perf_counter() - t0
-            audio = _fade_edges(np.asarray(audio, dtype=np.float32))
+            audio = np.asarray(audio, dtype=np.float32)
+            handover = await early.handover() if early is not None else None
+            if handover is not None:
+                emitted, head = handover
+                audio = _stitch(head, audio, emitted)
+            audio = _fade_edges(audio)
             self.cache.put_audio(akey, audio, voice.id)
         gap = np.zeros(int(round(SAMPLE_RATE * p.fragment_interval)), dtype=np.float32)
-        return AudioChunk(np.concatenate([audio, gap]), sentence, index, SAMPLE_RATE, timings)
+        return AudioChunk(np.concatenate([audio[emitted:], gap]), sentence, index, SAMPLE_RATE, timings)
+
+    async def _render_early(self, sentence: str, voice: Voice, p: SynthesisParams, deadline: float, priority: int,
+                            early: _EarlyChunk) -> AudioChunk | None:
+        """The first sentence's first words, decoded from its first tokens while its GPT still runs."""
+        try:
+            offered = await early.prefix
+            if offered is None:
+                return None
+            ph, tokens, seed = offered
+            t0 = time.perf_counter()
+            head = await self.worker.call(
+                lambda: self.engine.decode(tokens, ph.ids, voice.prompt, 1.0, p.noise_scale, seed),
+                priority=priority * _PRIORITY_SPAN, deadline=deadline)
+            head = np.asarray(head, dtype=np.float32)
+            emitted = min(head.size, (tokens.size - EARLY_HOLDBACK_TOKENS) * SAMPLES_PER_TOKEN)
+            early.result.set_result((emitted, head))
+            timings = {"gpt_s": 0.0, "sovits_s": time.perf_counter() - t0, "prosody_hit": 0.0, "audio_hit": 0.0,
+                       "partial": 1.0}
+            return AudioChunk(_fade_edges(head[:emitted], tail=False), sentence, 0, SAMPLE_RATE, timings)
+        finally:
+            if not early.result.done():
+                early.result.set_result(None)
 
     async def _semantic(self, ph: object, prompt: VoicePrompt, p: SynthesisParams, seed: int, deadline: float,
-                        priority: int) -> tuple[np.ndarray, float]:
+                        priority: int, on_tokens: Callable[[np.ndarray], None] | None = None
+                        ) -> tuple[np.ndarray, float]:
         """BERT features (zh only) then the GPT, both on the device worker."""
         bert = await self.worker.call(lambda: bert_features(ph, self.engine.text_features),  # type: ignore[arg-type]
                                       priority=priority, deadline=deadline)
         sampling = SamplingParams(top_k=p.top_k, top_p=p.top_p, temperature=p.temperature,
                                   repetition_penalty=p.repetition_penalty, seed=seed)
         request = SemanticRequest(ph.ids, bert, prompt, sampling)  # type: ignore[attr-defined]
-        return await self.worker.semantic(request, priority=priority, deadline=deadline)
+        return await self.worker.semantic(request, priority=priority, deadline=deadline, on_tokens=on_tokens)
 
     def _prosody_key(self, voice: Voice, ph: Phonemes, p: SynthesisParams) -> str:
         """The cache key of a sentence's semantic tokens.
@@ -411,13 +465,68 @@ def _sentence_seed(seed: int, norm_text: str) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
-def _fade_edges(audio: np.ndarray) -> np.ndarray:
+def _fade_edges(audio: np.ndarray, tail: bool = True) -> np.ndarray:
     """Short raised-cosine fades at both ends (no click against the inter-sentence silence)."""
     n = min(int(SAMPLE_RATE * FADE_S), audio.size // 2)
     if n <= 0:
         return audio
-    ramp = (0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, n, dtype=np.float32))).astype(np.float32)
+    ramp = _ramp(n)
     out = audio.copy()
     out[:n] *= ramp
-    out[-n:] *= ramp[::-1]
+    if tail:
+        out[-n:] *= ramp[::-1]
     return out
+
+
+def _ramp(n: int) -> np.ndarray:
+    """``[n]`` float32 raised-cosine rise from 0 to 1."""
+    return (0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, n, dtype=np.float32))).astype(np.float32)
+
+
+def _stitch(head: np.ndarray, full: np.ndarray, emitted: int) -> np.ndarray:
+    """The full decode, with the early chunk's samples before ``emitted`` and a crossfade after them."""
+    out = full.copy()
+    out[:emitted] = head[:emitted]
+    n = max(0, min(CROSSFADE_SAMPLES, head.size - emitted, full.size - emitted))
+    if n:
+        rise = _ramp(n)
+        out[emitted:emitted + n] = head[emitted:emitted + n] * (1 - rise) + full[emitted:emitted + n] * rise
+    return out
+
+
+class _EarlyChunk:
+    """Hand-over between the first sentence's render task and its early-chunk task."""
+
+    def __init__(self, tokens_needed: int) -> None:
+        self.tokens_needed = tokens_needed
+        loop = asyncio.get_running_loop()
+        # (phonemes, first tokens, seed) once enough tokens exist, or None: no early chunk
+        self.prefix: asyncio.Future[tuple[Phonemes, np.ndarray, int] | None] = loop.create_future()
+        # (samples emitted, the early decode) once the early chunk went out, or None
+        self.result: asyncio.Future[tuple[int, np.ndarray] | None] = loop.create_future()
+        self._seen: list[np.ndarray] = []
+
+    def collect(self, ph: Phonemes, new_tokens: np.ndarray, seed: int) -> None:
+        """Tokens streamed from the GPT; starts the early chunk when enough have arrived."""
+        if self.prefix.done():
+            return
+        self._seen.append(np.asarray(new_tokens, np.int64))
+        tokens = np.concatenate(self._seen)
+        if tokens.size >= self.tokens_needed:
+            self.prefix.set_result((ph, tokens[: self.tokens_needed], seed))
+
+    def offer(self, ph: Phonemes, tokens: np.ndarray, seed: int) -> None:
+        """All tokens known up front (prosody-cache hit): the same early chunk, so a hit equals a miss."""
+        if not self.prefix.done():
+            self.prefix.set_result((ph, tokens[: self.tokens_needed], seed) if tokens.size >= self.tokens_needed
+                                   else None)
+
+    def give_up(self) -> None:
+        if not self.prefix.done():
+            self.prefix.set_result(None)
+
+    async def handover(self) -> tuple[int, np.ndarray] | None:
+        """What the early chunk delivered (None when it did not happen)."""
+        if self.prefix.done() and self.prefix.result() is None:
+            return None
+        return await self.result

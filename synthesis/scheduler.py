@@ -73,6 +73,7 @@ class _Job:
 class _GptJob(_Job):
     request: SemanticRequest | None = None
     elapsed: float = 0.0
+    on_tokens: Callable[[np.ndarray], None] | None = None  # new tokens as they are decoded (device thread)
 
 
 @dataclass(eq=False)
@@ -113,11 +114,19 @@ class DeviceWorker:
         """Jobs waiting or running on either lane."""
         return self._gpt_queue.qsize() + self._call_queue.qsize() + self._active_gpt
 
-    async def semantic(self, request: SemanticRequest, *, priority: int = LIVE,
-                       deadline: float | None = None) -> tuple[np.ndarray, float]:
-        """Run the GPT for one sentence: (new tokens ``[Ts]`` int64, seconds the batch spent on it)."""
-        job = _GptJob(priority, deadline, asyncio.get_running_loop(), asyncio.get_running_loop().create_future(),
-                      request=request)
+    async def semantic(self, request: SemanticRequest, *, priority: int = LIVE, deadline: float | None = None,
+                       on_tokens: Callable[[np.ndarray], None] | None = None) -> tuple[np.ndarray, float]:
+        """Run the GPT for one sentence: (new tokens ``[Ts]`` int64, seconds the batch spent on it).
+
+        ``on_tokens(new_tokens)`` is called on the caller's event loop as tokens are decoded (token streaming).
+        """
+        loop = asyncio.get_running_loop()
+        forward = None
+        if on_tokens is not None:
+            def forward(tokens: np.ndarray) -> None:
+                loop.call_soon_threadsafe(on_tokens, tokens)
+
+        job = _GptJob(priority, deadline, loop, loop.create_future(), request=request, on_tokens=forward)
         self._submit(self._gpt_queue, job)
         return await self._await(job)
 
@@ -223,7 +232,7 @@ class DeviceWorker:
         g = self._gpt
         try:
             if g.batch is None:
-                g.batch = self.engine.open_batch()
+                g.batch = self.engine.open_batch(on_chunk=self._route_tokens)
             self._admit(g.batch, g.running, g.ids)
             self._drop_cancelled(g.batch, g.running)
             self._active_gpt = len(g.running)
@@ -247,6 +256,12 @@ class DeviceWorker:
             g.running.clear()
             g.batch = None
             self._active_gpt = 0
+
+    def _route_tokens(self, request_id: int, tokens: np.ndarray) -> None:
+        """The batch's token stream, handed to the job that asked for it."""
+        job = self._gpt.running.get(request_id)
+        if job is not None and job.on_tokens is not None:
+            job.on_tokens(tokens)
 
     def _admit(self, batch: SemanticBatch, running: dict[int, _GptJob], ids: itertools.count[int]) -> None:
         """Move queued requests into free slots; a more urgent request preempts a background one when full."""

@@ -38,21 +38,54 @@ async def collect(synth, text, voice, params=SEEDED):
     return [c async for c in synth.stream(text, voice, params)]
 
 
+def by_sentence(chunks):
+    """Each sentence's audio (an early first chunk joined to the rest of its sentence)."""
+    out: dict[int, np.ndarray] = {}
+    for c in chunks:
+        out[c.index] = np.concatenate([out[c.index], c.audio]) if c.index in out else c.audio
+    return [out[i] for i in sorted(out)]
+
+
 def _files(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file()}
 
 
 async def test_stream_yields_sentence_by_sentence(synth, voice):
     chunks = await collect(synth, THREE, voice)
-    assert [c.index for c in chunks] == [0, 1, 2]
-    for c in chunks:
-        assert c.audio.dtype == np.float32 and c.sample_rate == 32000
+    assert sorted({c.index for c in chunks}) == [0, 1, 2]
+    assert [c.index for c in chunks] == sorted(c.index for c in chunks)  # in order
+    for audio in by_sentence(chunks):
+        assert audio.dtype == np.float32
         gap = int(0.3 * 32000)
-        assert np.all(c.audio[-gap:] == 0)  # fragment interval after each sentence
-        speech = c.audio[:-gap]
+        assert np.all(audio[-gap:] == 0)  # fragment interval after each sentence
+        speech = audio[:-gap]
         assert speech.size % 1280 == 0 and speech.size >= 11 * 1280  # whole tokens, at least 11
         assert 0.0 < np.abs(speech).max() <= 1.0
         assert abs(speech[0]) < 1e-3 and abs(speech[-1]) < 1e-3  # faded edges: no click at the joins
+    assert all(c.sample_rate == 32000 for c in chunks)
+
+
+async def test_first_words_play_before_the_first_sentence_is_decoded(synth, voice):
+    synth.limits = dataclasses.replace(synth.limits, first_chunk_tokens=12)
+    text = "This first sentence is long enough to need many semantic tokens from the model."
+    chunks = await collect(synth, text, voice)
+    first = chunks[0]
+    assert first.index == 0 and first.timings.get("partial") == 1.0
+    assert first.audio.size == (12 - 4) * 1280  # the first tokens, minus the held-back ones
+    whole = by_sentence(chunks)[0]
+    join = first.audio.size
+    # the hand-over is continuous: no jump larger than the audio's own sample-to-sample variation
+    steps = np.abs(np.diff(whole[:-int(0.3 * 32000)]))
+    assert steps[join - 2: join + 2].max() <= 4 * np.percentile(steps, 99.9)
+    # the same text again with only its prosody cached: the same early chunk, the same audio, bit for bit
+    synth.cache._audio.clear()  # white-box: drop the audio cache, keep the prosody cache
+    again = await collect(synth, text, voice)
+    assert again[0].timings.get("partial") == 1.0 and again[-1].timings["prosody_hit"] == 1.0
+    assert np.array_equal(by_sentence(again)[0], whole)
+    # and from the audio cache: the whole sentence at once, again the same
+    cached = await collect(synth, text, voice)
+    assert len(cached) == 1 and cached[0].timings["audio_hit"] == 1.0
+    assert np.array_equal(cached[0].audio, whole)
 
 
 @pytest.fixture
@@ -66,28 +99,28 @@ async def fresh_synth(tiny_config):
 
 
 async def test_seeded_runs_are_deterministic(synth, fresh_synth, voice):
-    first = await collect(synth, THREE, voice)
-    second = await collect(fresh_synth, THREE, voice)
+    first = by_sentence(await collect(synth, THREE, voice))
+    second = by_sentence(await collect(fresh_synth, THREE, voice))
     assert len(first) == len(second) == 3
     for a, b in zip(first, second):
-        assert np.array_equal(a.audio, b.audio)
+        assert np.array_equal(a, b)
 
 
 async def test_prosody_hit_skips_the_gpt_and_is_bit_identical(synth, fresh_synth, voice):
     text = "Good morning everyone."
     faster = dataclasses.replace(SEEDED, speed=1.1)  # speed is in the audio key, not in the prosody key
     cold = await collect(fresh_synth, text, voice, faster)
-    assert cold[0].timings["prosody_hit"] == 0.0 and cold[0].timings["gpt_s"] > 0
+    assert cold[-1].timings["prosody_hit"] == 0.0 and cold[-1].timings["gpt_s"] > 0
     await collect(synth, text, voice)  # computes and caches the prosody
     steps = synth.worker.gpt_steps
     hit = await collect(synth, text, voice, faster)
     assert synth.worker.gpt_steps == steps  # no GPT step at all
-    assert hit[0].timings["prosody_hit"] == 1.0 and hit[0].timings["audio_hit"] == 0.0
-    assert hit[0].timings["gpt_s"] == 0.0
-    assert np.array_equal(hit[0].audio, cold[0].audio)
+    assert hit[-1].timings["prosody_hit"] == 1.0 and hit[-1].timings["audio_hit"] == 0.0
+    assert hit[-1].timings["gpt_s"] == 0.0
+    assert np.array_equal(by_sentence(hit)[0], by_sentence(cold)[0])
     again = await collect(synth, text, voice, faster)
-    assert again[0].timings["audio_hit"] == 1.0
-    assert np.array_equal(again[0].audio, cold[0].audio)
+    assert again[-1].timings["audio_hit"] == 1.0
+    assert np.array_equal(by_sentence(again)[0], by_sentence(cold)[0])
 
 
 async def test_voice_delete_leaves_nothing(synth, voice, tiny_config):
@@ -129,14 +162,15 @@ async def test_concurrent_voices_never_mix(synth):
                                     consent=CONSENT)
         voices.append(v)
     texts = [f"Voice {i} says hello to the room." for i in range(8)]
-    alone = [await collect(synth, t, v) for t, v in zip(texts, voices)]
+    alone = [by_sentence(await collect(synth, t, v)) for t, v in zip(texts, voices)]
     for v in voices:
         synth.cache.invalidate_voice(v.id)
     together = await asyncio.gather(*(collect(synth, t, v) for t, v in zip(texts, voices)))
     for a, b in zip(alone, together):
+        b = by_sentence(b)
         assert len(a) == len(b)
         for x, y in zip(a, b):
-            assert np.array_equal(x.audio, y.audio)
+            assert np.array_equal(x, y)
 
 
 async def test_full_queue_answers_busy_at_once(synth, voice):
