@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="any of naive, torch, int8, onnx, pipeline")
     sp.add_argument("--batches", default="1,8")
     sp.add_argument("--steps", type=int, default=48, help="decode steps per measurement")
+    sp = sub.add_parser("bench-http", parents=[common], help="time to first byte of every HTTP protocol")
+    sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    sp.add_argument("--repeat", type=int, default=None, help="requests per row (medians are reported)")
     return p
 
 
@@ -357,6 +360,12 @@ def _bench(config: Any, args: argparse.Namespace) -> int:
     return run_bench(config, args)
 
 
+def _bench_http(config: Any, args: argparse.Namespace) -> int:
+    from bot.bench_http import run_http_bench
+
+    return run_http_bench(config, args)
+
+
 _COMMANDS = {
     ("run", None): _run,
     ("serve", None): _serve,
@@ -368,6 +377,7 @@ _COMMANDS = {
     ("models", "download"): _download,
     ("engines", "build"): _engines_build,
     ("bench", None): _bench,
+    ("bench-http", None): _bench_http,
 }
 
 if __name__ == "__main__":

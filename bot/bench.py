@@ -254,25 +254,16 @@ PIPELINE_TEXT = ("The weather is lovely this morning. We could walk to the river
                  "Bring a jacket, it may rain later.")
 
 
-def synthetic_speech(seconds: float = 5.0, f0: float = 130.0, seed: int = 0, sr: int = 32000) -> bytes:
-    """WAV bytes of voiced syllables with pauses: a stand-in recording for benchmarks (no real voices here)."""
+def _reference_wav() -> bytes:
+    """A synthetic reference recording (no real voices here) as WAV bytes."""
     import io
 
     import soundfile as sf
 
-    rng = np.random.default_rng(seed)
-    n = int(seconds * sr)
-    t = np.arange(n) / sr
-    phase = 2 * np.pi * np.cumsum(f0 * (1 + 0.05 * np.sin(2 * np.pi * 0.8 * t))) / sr
-    voiced = sum(np.sin(k * phase) / k for k in range(1, 9))
-    env = np.zeros(n)
-    pos = int(0.2 * sr)
-    while pos < n - int(0.3 * sr):
-        length = int(rng.uniform(0.12, 0.25) * sr)
-        env[pos:pos + length] = np.hanning(length)
-        pos += length + int(rng.uniform(0.04, 0.3) * sr)
+    from bot.bench_http import synthetic_speech
+
     buf = io.BytesIO()
-    sf.write(buf, (0.3 * voiced * env + 0.002 * rng.standard_normal(n)).astype(np.float32), sr, format="WAV")
+    sf.write(buf, synthetic_speech(), 32000, format="WAV")
     return buf.getvalue()
 
 
@@ -293,7 +284,7 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
     rows = []
     try:
         await synth.warm_up()
-        voice, _ = await synth.create_voice("bench", synthetic_speech(), "bench.wav", language="en",
+        voice, _ = await synth.create_voice("bench", _reference_wav(), "bench.wav", language="en",
                                             transcript="This is a short recording of my voice.",
                                             consent={"user_id": 0, "text": "synthetic benchmark signal"})
         params = SynthesisParams(language="en", seed=7)
