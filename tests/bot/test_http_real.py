@@ -272,7 +272,7 @@ async def test_two_concurrent_voices_equal_their_solo_runs(env: Env) -> None:
 
 # ---- the benchmark -----------------------------------------------------------------------------------------------
 
-def test_bench_reference_clip_is_accepted_as_speech() -> None:
+async def test_bench_reference_clip_is_accepted_as_speech() -> None:
     from bot.bench_http import REFERENCE_S, synthetic_speech
     from synthesis.audio import Decoded, prepare_reference
 
