@@ -205,3 +205,19 @@ async def test_streamed_text_starts_before_the_text_ends(synth, voice):
         chunks.append(c)
     assert [c.sentence.strip()[:5] for c in chunks][:1] == ["Hello"]
     assert first_at < sent_last_at
+
+
+async def test_live_requests_go_before_background_precompute(synth, voice):
+    phrases = [f"Precomputed phrase number {i} for the voice." for i in range(12)]
+    progress: list[float] = []
+    task = synth.precompute(voice, phrases, progress=lambda stage, frac: progress.append(frac))
+    while not progress:  # the background work is under way
+        await asyncio.sleep(0.01)
+    live = await collect(synth, "A live request arrives now.", voice)
+    assert live and not task.done()  # served while the precompute still had work left
+    assert await task == len(phrases)  # and the precompute still finishes, with progress up to 1.0
+    assert progress[-1] == 1.0
+    steps = synth.worker.gpt_steps
+    for phrase in phrases:  # every phrase is now a prosody hit
+        assert (await collect(synth, phrase, voice, SynthesisParams(language="en")))[-1].timings["prosody_hit"] == 1.0
+    assert synth.worker.gpt_steps == steps
