@@ -92,6 +92,16 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
     if backend == "tensorrt":
         from engines.tensorrt_engine import TensorRTEngine
 
-        return TensorRTEngine.from_files(models, engine.onnx_dir, engine.tensorrt_dir, device=device,
-                                         workspace_mb=engine.tensorrt_workspace_mb, max_batch=engine.max_batch)
+        try:
+            return TensorRTEngine.from_files(models, engine.onnx_dir, engine.tensorrt_dir, device=device,
+                                             workspace_mb=engine.tensorrt_workspace_mb, max_batch=engine.max_batch)
+        except EngineError as e:
+            if engine.backend != "auto":
+                raise
+            # auto chose TensorRT because it is installed; a failed build must not keep the bot from speaking
+            log.warning("TensorRT engine unavailable (%s); using the torch engine instead", e)
+            from engines.torch_engine import TorchEngine
+
+            return TorchEngine.from_files(models, device=device, precision=precision, max_batch=engine.max_batch,
+                                          cuda_graphs=engine.cuda_graphs, threads=threads)
     raise EngineError(f"unknown engine.backend {backend!r}: expected auto, {', '.join(BACKENDS)}")
