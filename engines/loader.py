@@ -79,11 +79,15 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
         # The loading thread stays single-threaded; the engine's thread count applies where it runs (bind_thread).
         set_cpu_threads(1)
     log.info("loading the %s engine on %s (%s)", backend, device, precision)
-    if backend == "torch":
+
+    def torch_engine() -> Engine:
         from engines.torch_engine import TorchEngine
 
         return TorchEngine.from_files(models, device=device, precision=precision, max_batch=engine.max_batch,
                                       cuda_graphs=engine.cuda_graphs, threads=threads)
+
+    if backend == "torch":
+        return torch_engine()
     if backend == "onnx":
         from engines.onnx_engine import OnnxEngine
 
@@ -100,8 +104,5 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
                 raise
             # auto chose TensorRT because it is installed; a failed build must not keep the bot from speaking
             log.warning("TensorRT engine unavailable (%s); using the torch engine instead", e)
-            from engines.torch_engine import TorchEngine
-
-            return TorchEngine.from_files(models, device=device, precision=precision, max_batch=engine.max_batch,
-                                          cuda_graphs=engine.cuda_graphs, threads=threads)
+            return torch_engine()
     raise EngineError(f"unknown engine.backend {backend!r}: expected auto, {', '.join(BACKENDS)}")
