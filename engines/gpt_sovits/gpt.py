@@ -36,6 +36,9 @@ from engines.gpt_sovits.checkpoint import GptCheckpoint
 
 log = logging.getLogger(__name__)
 
+_qlinear = torch.ops.quantized.linear_dynamic  # (x fp32, packed int8 weight, reduce_range) -> fp32
+_qlinear_relu = torch.ops.quantized.linear_relu_dynamic  # the same with a fused ReLU
+
 __all__ = ["GptConfig", "Text2SemanticModel", "build_random_gpt", "KV_BUCKET"]
 
 PE_POSITIONS = 4000  # rows of the precomputed sinusoid table (upstream's default size)
@@ -167,8 +170,11 @@ class Text2SemanticModel(nn.Module):
         self.h = _Stack(config)
         self.ar_predict_layer = nn.Linear(d, config.vocab, bias=False)
         self.register_buffer("pe", _sine_table(PE_POSITIONS, d), persistent=False)  # [P, D] fp32
-        self.compute_dtype = torch.float32  # dtype of the transformer's linear weights and of the KV cache
+        self.compute_dtype = torch.float32  # dtype of the transformer's linear weights
+        self.cache_dtype = torch.float32  # dtype of the KV cache: compute dtype, or bf16 for the int8 CPU path
         self.quantized = False
+        self._layer_params: list[tuple[torch.Tensor | Any, ...]] = []  # per layer, see _collect_layer_params
+        self._view_cache: dict[tuple[int, int, bool], list[tuple[torch.Tensor, ...]]] = {}  # see _cache_views
         # Static decode state, allocated by setup_caches.
         self.kv: list[torch.Tensor] = []  # per layer [2, slots, H, max_len, hd] compute dtype
         self.text_len = torch.zeros(0, dtype=torch.long)  # [slots] text positions of each slot's prefill
@@ -225,7 +231,7 @@ class Text2SemanticModel(nn.Module):
         for blk in self.h.layers:
             for lin in (blk.self_attn.in_proj, blk.self_attn.out_proj, blk.linear1, blk.linear2):
                 lin.to(dtype=dtype)
-        self.compute_dtype = dtype
+        self.compute_dtype = self.cache_dtype = dtype
         self.eval()
         self.requires_grad_(False)
         self.kv = []
@@ -236,7 +242,8 @@ class Text2SemanticModel(nn.Module):
         """Opt-in CPU speed path: dynamic int8 quantisation of the transformer's linear layers.
 
         Weights become int8 per output channel, activations are quantised per step; embeddings, norms and the output
-        head stay fp32. Greedy tokens can differ from fp32 where the top-2 logit gap is small.
+        head stay fp32. The KV cache becomes bf16 (half the attention bytes; attention accumulates in fp32).
+        Greedy tokens can differ from fp32 where the top-2 logit gap is small. Call :meth:`setup_caches` afterwards.
         """
         if self.pe.device.type != "cpu":
             raise ValueError("int8 quantisation is a CPU path; move the model to CPU first.")
@@ -245,6 +252,9 @@ class Text2SemanticModel(nn.Module):
             warnings.simplefilter("ignore")
             self.h = torch.ao.quantization.quantize_dynamic(self.h, {nn.Linear: qconfig}, dtype=torch.qint8)
         self.quantized = True
+        self.cache_dtype = torch.bfloat16
+        self.kv = []  # the next setup_caches allocates the bf16 cache
+        self.max_slots = self.max_len = 0
         return self
 
     # ------------------------------------------------------------------ cache
@@ -260,7 +270,7 @@ class Text2SemanticModel(nn.Module):
         cfg, dev = self.config, self.pe.device
         self.kv = []  # free the old buffers before allocating the new ones
         self.kv = [
-            torch.zeros(2, max_slots, cfg.heads, max_len, cfg.head_dim, dtype=self.compute_dtype, device=dev)
+            torch.zeros(2, max_slots, cfg.heads, max_len, cfg.head_dim, dtype=self.cache_dtype, device=dev)
             for _ in range(cfg.layers)
         ]
         self.text_len = torch.zeros(max_slots, dtype=torch.long, device=dev)
@@ -272,7 +282,21 @@ class Text2SemanticModel(nn.Module):
         if max_len > self.pe.shape[0]:
             self.pe = _sine_table(max_len, cfg.dim).to(dev)
         self.max_slots, self.max_len = max_slots, max_len
-        log.debug("GPT KV cache: %d slots x %d positions (%s)", max_slots, max_len, self.compute_dtype)
+        self._layer_params = self._collect_layer_params()
+        self._view_cache.clear()
+        log.debug("GPT KV cache: %d slots x %d positions (%s)", max_slots, max_len, self.cache_dtype)
+
+    def _collect_layer_params(self) -> list[tuple[torch.Tensor | Any, ...]]:
+        """Per layer: the four linears' (weight, bias) or int8 packed params, then both norms' weight and bias."""
+        out: list[tuple[torch.Tensor | Any, ...]] = []
+        for blk in self.h.layers:
+            lins = (blk.self_attn.in_proj, blk.self_attn.out_proj, blk.linear1, blk.linear2)
+            if self.quantized:
+                linear: tuple[Any, ...] = tuple(lin._packed_params._packed_params for lin in lins)
+            else:
+                linear = tuple(t for lin in lins for t in (lin.weight, lin.bias))
+            out.append((*linear, blk.norm1.weight, blk.norm1.bias, blk.norm2.weight, blk.norm2.bias))
+        return out
 
     # ------------------------------------------------------------------ embeddings
 
@@ -361,38 +385,65 @@ class Text2SemanticModel(nn.Module):
         ``[B, vocab]`` fp32 logits.
         """
         cfg = self.config
-        b, heads, hd = tokens.shape[0], cfg.heads, cfg.head_dim
+        b, heads, hd, d = tokens.shape[0], cfg.heads, cfg.head_dim, cfg.dim
         kv_len = kv_len or self.max_len
         rows = self._rows[:b] if slots is None else slots
         pe_pos = (positions - self.text_len[rows]).clamp_(min=0)  # token index in the audio stream
         h = self.ar_audio_embedding.word_embeddings(tokens) + self.ar_audio_position.alpha * self.pe[pe_pos]  # [B, D]
         # [B, 1, 1, kv_len] additive mask: 0 up to each row's length, -inf beyond (cheaper than a bool mask)
-        mask = torch.zeros(b, 1, 1, kv_len, dtype=self.compute_dtype, device=tokens.device).masked_fill_(
+        mask = torch.zeros(b, 1, 1, kv_len, dtype=self.cache_dtype, device=tokens.device).masked_fill_(
             (self._cols[:kv_len] > positions[:, None])[:, None, None, :], float("-inf"))
         # Flat cache row of (K|V, row, head) at each row's position, shared by all layers: [B * 2 * H]
         write_at = (self._kv_base[None] + (rows * (heads * self.max_len) + positions)[:, None, None]).flatten()
-        bmm = self.pe.device.type == "cpu"  # batched GEMV attention: fewer passes over the cache than SDPA on CPU
+        # CPU fp32: batched GEMV attention (fewer passes over the cache than SDPA there). CUDA, and the bf16 cache of
+        # the int8 CPU path: SDPA (CPU bf16 bmm is slow; CPU bf16 SDPA accumulates in fp32 and beats fp32 bmm).
+        bmm = self.pe.device.type == "cpu" and self.cache_dtype == torch.float32
         if bmm:
             mask = mask.expand(b, heads, 1, kv_len).reshape(b * heads, 1, kv_len)
-        for i, blk in enumerate(self.h.layers):
-            cache = self.kv[i]
-            qkv = blk.self_attn.in_proj(h.to(self.compute_dtype)).view(b, 3, heads, hd)
-            cache.view(-1, hd).index_copy_(0, write_at, qkv[:, 1:].reshape(-1, hd))  # K and V of the new token
-            if slots is None:
-                k, v = cache[0, :b, :, :kv_len], cache[1, :b, :, :kv_len]  # views [B, H, kv_len, hd]
+        shape, scale, bh = (d,), hd**-0.5, b * heads
+        views = self._cache_views(b, kv_len, bmm) if slots is None else None
+        for i, params in enumerate(self._layer_params):
+            flat, k, v = views[i] if views is not None else (self.kv[i].view(-1, hd), None, None)
+            if self.quantized:  # int8 weights, fp32 activations in and out (the dynamic-quant ops, called directly)
+                w_in, w_out, w_1, w_2, g1, b1, g2, b2 = params
+                qkv = _qlinear(h, w_in, True).view(b, 3, heads, hd).to(self.cache_dtype)
             else:
-                k, v = cache[0, slots, :, :kv_len], cache[1, slots, :, :kv_len]
+                w_in, bias_in, w_out, bias_out, w_1, bias_1, w_2, bias_2, g1, b1, g2, b2 = params
+                qkv = F.linear(h.to(self.compute_dtype), w_in, bias_in).view(b, 3, heads, hd)
+            flat.index_copy_(0, write_at, qkv[:, 1:].reshape(-1, hd))  # K and V of the new token
+            if views is None:  # gathered rows: a copy, so taken after the write
+                k, v = self._kv_layout(self.kv[i][0, slots], self.kv[i][1, slots], kv_len, bmm)
             if bmm:
-                scores = torch.baddbmm(mask, qkv[:, 0].reshape(b * heads, 1, hd),
-                                       k.reshape(b * heads, kv_len, hd).transpose(1, 2), alpha=hd**-0.5)
-                a = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(b * heads, kv_len, hd))  # [B*H, 1, hd]
+                scores = torch.baddbmm(mask, qkv[:, 0].reshape(bh, 1, hd), k, alpha=scale)  # [B*H, 1, kv_len]
+                a = torch.bmm(torch.softmax(scores, dim=-1), v)  # [B*H, 1, hd]
             else:
                 a = F.scaled_dot_product_attention(qkv[:, 0, :, None], k, v, attn_mask=mask)  # [B, H, 1, hd]
-            a = blk.self_attn.out_proj(a.reshape(b, cfg.dim))
-            h = self._norm(a.float().add_(h), blk.norm1)
-            h = self._norm(self._ffn(blk, h).float().add_(h), blk.norm2)
+            if self.quantized:
+                h = F.layer_norm(_qlinear(a.reshape(b, d).float(), w_out, True).add_(h), shape, g1, b1, LN_EPS)
+                f = _qlinear(_qlinear_relu(h, w_1, True), w_2, True)  # fp32
+            else:
+                a = F.linear(a.reshape(b, d), w_out, bias_out)
+                h = F.layer_norm(a.float().add_(h), shape, g1, b1, LN_EPS)
+                f = F.linear(F.relu(F.linear(h.to(self.compute_dtype), w_1, bias_1)), w_2, bias_2).float()
+            h = F.layer_norm(f.add_(h), shape, g2, b2, LN_EPS)
         return self.ar_predict_layer(h)
 
+    def _cache_views(self, b: int, kv_len: int, bmm: bool) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per layer: (cache as ``[-1, hd]`` rows for writes, K, V) of rows ``0..b-1``, views made once per shape."""
+        key = (b, kv_len, bmm)
+        if key not in self._view_cache:  # a few host ops per layer saved on every later step
+            hd = self.config.head_dim
+            self._view_cache[key] = [(c.view(-1, hd), *self._kv_layout(c[0, :b], c[1, :b], kv_len, bmm))
+                                     for c in self.kv]
+        return self._view_cache[key]
+
+    def _kv_layout(self, k: torch.Tensor, v: torch.Tensor, kv_len: int, bmm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, H, max_len, hd]`` K, V -> the attention kernel's layout over ``[0, kv_len)``, as views."""
+        k, v = k[:, :, :kv_len], v[:, :, :kv_len]  # [B, H, kv_len, hd]
+        if not bmm:
+            return k, v
+        bh, hd = k.shape[0] * k.shape[1], k.shape[3]  # .view, never .reshape: a cached view must not be a copy
+        return k.view(bh, kv_len, hd).transpose(1, 2), v.view(bh, kv_len, hd)  # [B*H, hd, kv_len], [B*H, kv_len, hd]
 
 def build_random_gpt(
     size: str = "real", seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
