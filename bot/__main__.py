@@ -77,10 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("bench", parents=[common], help="benchmark the engines (prints a table)")
     sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     sp.add_argument("--sizes", default="tiny,real")
-    sp.add_argument("--engines", default="naive,torch,onnx,pipeline",
+    sp.add_argument("--engines", default="naive,torch,int8,onnx,pipeline",
                     help="any of naive, torch, int8, onnx, pipeline")
     sp.add_argument("--batches", default="1,8")
-    sp.add_argument("--steps", type=int, default=48, help="decode steps per measurement")
+    sp.add_argument("--steps", type=int, default=100, help="decode steps per measurement (100: a 4 s sentence)")
     sp = sub.add_parser("bench-http", parents=[common], help="time to first byte of every HTTP protocol")
     sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     sp.add_argument("--repeat", type=int, default=None, help="requests per row (medians are reported)")

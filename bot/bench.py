@@ -90,16 +90,24 @@ def _time_batch(engine: Any, batch: int, steps: int) -> float:
 
 
 def _naive_tokens_per_s(gpt: Any, steps: int) -> float:
+    """Decode tokens/s of the naive loop, prefill excluded as for the engines: a ``steps`` run minus a 1-step run."""
+    import dataclasses
+
     from engines.gpt_sovits.naive import naive_generate
     from engines.gpt_sovits.generate import request_inputs
 
     (req,) = _requests(1, steps, np.random.default_rng(0))
     phones, bert, prompt = request_inputs(req)
-    naive_generate(gpt, phones, bert, prompt, req.params)  # warm-up
-    t0 = time.perf_counter()
-    tokens = naive_generate(gpt, phones, bert, prompt, req.params)
-    dt = time.perf_counter() - t0
-    return len(tokens) / dt
+
+    def timed(n: int) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        tokens = naive_generate(gpt, phones, bert, prompt, dataclasses.replace(req.params, early_stop_num=n))
+        return time.perf_counter() - t0, len(tokens)
+
+    timed(steps)  # warm-up
+    t_one, n_one = min(timed(1), timed(1))  # prefill + one step
+    t_all, n_all = timed(steps)
+    return (n_all - n_one) / max(t_all - t_one, 1e-9)
 
 
 def _zero_eos_in_file(gpt_path: Path) -> None:

@@ -187,6 +187,38 @@ def test_decode_step_slot_gather_equals_view(model, inputs) -> None:
     torch.testing.assert_close(by_gather, by_view[[0, 2]], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_python_layer_loop_equals_scripted(model, inputs, precision: str, monkeypatch) -> None:
+    """CPU runs the decode layers as TorchScript, CUDA as Python (graph-captured): both must compute the same."""
+    from engines.gpt_sovits import gpt as gpt_module
+
+    base = copy.deepcopy(model)
+    if precision == "int8":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            base.quantize_int8()
+    ph, bert, prompt = inputs[1]
+    start = len(ph) + len(prompt)
+
+    def run(m: Text2SemanticModel) -> torch.Tensor:
+        with torch.inference_mode():
+            m.setup_caches(2, 256)
+            m.prefill(1, torch.as_tensor(ph), torch.as_tensor(bert), torch.as_tensor(prompt))
+            steps = [m.decode_step(torch.tensor([0, 7 + i]), torch.tensor([0, start + i]), None, 128)
+                     for i in range(6)]
+            steps.append(m.decode_step(torch.tensor([3]), torch.tensor([start + 6]), torch.tensor([1]), 128))
+        return torch.cat([s[-1:] for s in steps])
+
+    scripted = run(copy.deepcopy(base))
+    assert gpt_module._layers_runner(torch.device("cpu")) is not gpt_module._decode_layers
+    monkeypatch.setattr(gpt_module, "_layers_runner", lambda device: gpt_module._decode_layers)
+    python = run(copy.deepcopy(base))
+    torch.testing.assert_close(python, scripted, atol=1e-5, rtol=0)
+    if precision == "int8":  # and the int8 step stays close to the fp32 one
+        fp32 = run(copy.deepcopy(model))
+        assert (scripted - fp32).abs().max().item() < 0.05 * fp32.abs().max().item()
+
+
 def test_request_too_long_for_cache(model, inputs) -> None:
     dec = BatchDecoder(model, 1, 128)
     with pytest.raises(EngineError, match="raise max_len"):
