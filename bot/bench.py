@@ -201,7 +201,9 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
             rows.extend(_isolated(_bench_engine, engine, precision, decode_models, tmp, size, batches, steps,
                                   device, threads, gin))
         if "pipeline" in engines:
-            pipeline_rows.extend(_isolated(_pipeline_in_process, models, tmp, size, device, threads))
+            for precision in ["fp32" if device == "cpu" else "fp16"] + (
+                    ["int8"] if "int8" in engines and device == "cpu" else []):
+                pipeline_rows.extend(_isolated(_pipeline_in_process, models, tmp, size, device, threads, precision))
     return rows, pipeline_rows
 
 
@@ -244,13 +246,14 @@ def _bench_engine(engine: str, precision: str, models: dict[str, str], tmp: str,
     return rows
 
 
-def _pipeline_in_process(models: dict[str, str], tmp: str, size: str, device: str,
-                         threads: int) -> list[PipelineRow]:
-    return asyncio.run(_bench_pipeline(argparse.Namespace(**models), Path(tmp), size, device, threads))
+def _pipeline_in_process(models: dict[str, str], tmp: str, size: str, device: str, threads: int,
+                         precision: str) -> list[PipelineRow]:
+    return asyncio.run(_bench_pipeline(argparse.Namespace(**models), Path(tmp), size, device, threads, precision))
 
 
 @dataclass
 class PipelineRow:
+    precision: str
     size: str
     case: str  # cold | prosody-hit | audio-hit
     ttfa_s: float
@@ -275,7 +278,8 @@ def _reference_wav() -> bytes:
     return buf.getvalue()
 
 
-async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, threads: int) -> list[PipelineRow]:
+async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, threads: int,
+                          precision: str) -> list[PipelineRow]:
     """Synthesizer.stream end to end (text front-end, GPT, SoVITS, caches), cold / prosody-hit / audio-hit."""
     import dataclasses
 
@@ -285,8 +289,9 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
 
     cfg: Config = config_from_dict({
         "models": {k: str(getattr(models, k)) for k in ("gpt", "sovits", "hubert", "bert")},
-        "engine": {"backend": "torch", "device": "cpu" if device == "cpu" else "cuda", "threads": threads},
-        "voices": {"dir": str(tmp / "voices")}, "cache": {"dir": str(tmp / "cache")},
+        "engine": {"backend": "torch", "device": "cpu" if device == "cpu" else "cuda", "threads": threads,
+                   "precision": precision},
+        "voices": {"dir": str(tmp / f"voices-{precision}")}, "cache": {"dir": str(tmp / f"cache-{precision}")},
     })
     synth = build_synthesizer(cfg)
     rows = []
@@ -305,7 +310,7 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
                 ttfa = ttfa if ttfa is not None else time.perf_counter() - t0
                 audio += chunk.audio.size
             total = time.perf_counter() - t0
-            rows.append(PipelineRow(size, case, ttfa or 0.0, total / (audio / 32000), audio / 32000))
+            rows.append(PipelineRow(precision, size, case, ttfa or 0.0, total / (audio / 32000), audio / 32000))
         await synth.delete_voice(voice.id)
     finally:
         await synth.close()
@@ -313,9 +318,9 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
 
 
 def format_pipeline_table(rows: list[PipelineRow]) -> str:
-    head = f"{'size':5} {'case':12} {'ttfa s':>8} {'RTF':>7} {'audio s':>8}"
+    head = f"{'prec':5} {'size':5} {'case':12} {'ttfa s':>8} {'RTF':>7} {'audio s':>8}"
     lines = [f"Synthesizer.stream, 3 sentences ({len(PIPELINE_TEXT.split())} words):", head, "-" * len(head)]
-    lines += [f"{r.size:5} {r.case:12} {r.ttfa_s:8.3f} {r.rtf:7.3f} {r.audio_s:8.2f}" for r in rows]
+    lines += [f"{r.precision:5} {r.size:5} {r.case:12} {r.ttfa_s:8.3f} {r.rtf:7.3f} {r.audio_s:8.2f}" for r in rows]
     return "\n".join(lines)
 
 

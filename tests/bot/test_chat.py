@@ -1,87 +1,26 @@
-"""The chat-model client against a local OpenAI-compatible stand-in (aiohttp) that streams slowly over SSE."""
+"""The chat-model client against the local OpenAI-compatible stand-in that streams slowly over SSE."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import socket
 import time
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from bot.chat import ChatClient, ChatError
 from bot.config import ChatConfig
+from tests.chat_standin import ChatStandIn
 
 WORDS = ["Hel", "lo", " there", ",", " friend", "."]
 PIECE_DELAY_S = 0.1  # seconds between streamed pieces
 
 
-class StandIn:
-    """``POST /v1/chat/completions`` with ``stream: true``; ``mode`` picks the behaviour."""
-
-    def __init__(self) -> None:
-        self.mode = "ok"
-        self.requests: list[dict[str, Any]] = []
-        self.auth: list[str | None] = []
-        self.sent_last_at = 0.0
-        self.runner: web.AppRunner | None = None
-        self.url = ""
-        self.release = asyncio.Event()  # ends a stalled reply at teardown
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self.completions)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.requests.append(body)
-        self.auth.append(request.headers.get("Authorization"))
-        if self.mode == "404":
-            return web.json_response({"error": {"message": f"model '{body['model']}' not found"}}, status=404)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        if self.mode == "garbage":
-            await resp.write(b"data: <html>not json</html>\n\n")
-            return resp
-        if self.mode == "stall":
-            await resp.write(self._event({"role": "assistant", "content": "Hmm"}))
-            try:
-                await asyncio.wait_for(self.release.wait(), 3)
-            except TimeoutError:
-                pass
-            return resp
-        await resp.write(self._event({"role": "assistant"}))  # role-only first chunk, as OpenAI sends
-        reply = WORDS if self.mode == "ok" else []
-        reply = [f"Reply {len(self.requests)}."] if self.mode == "short" else reply
-        for word in reply:
-            await asyncio.sleep(PIECE_DELAY_S)
-            await resp.write(self._event({"content": word}))
-        self.sent_last_at = time.monotonic()
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    @staticmethod
-    def _event(delta: dict[str, Any]) -> bytes:
-        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
-
-
 @pytest.fixture
 async def standin():
-    s = StandIn()
-    await s.start()
+    s = await ChatStandIn(WORDS, PIECE_DELAY_S).start()
     yield s
-    s.release.set()
-    assert s.runner is not None
-    await s.runner.cleanup()
+    await s.close()
 
 
 def client_for(url: str, **kw: Any) -> ChatClient:
@@ -90,7 +29,7 @@ def client_for(url: str, **kw: Any) -> ChatClient:
     return ChatClient(cfg)
 
 
-async def test_reply_streams_piece_by_piece(standin: StandIn, monkeypatch) -> None:
+async def test_reply_streams_piece_by_piece(standin: ChatStandIn, monkeypatch) -> None:
     monkeypatch.setenv("VOICEBOT_TEST_CHAT_KEY", "sk-test")
     chat = client_for(standin.url)
     got: list[tuple[float, str]] = []
@@ -98,14 +37,14 @@ async def test_reply_streams_piece_by_piece(standin: StandIn, monkeypatch) -> No
         got.append((time.monotonic(), piece))
     await chat.close()
     assert [p for _, p in got] == WORDS
-    assert got[0][0] < standin.sent_last_at - 3 * PIECE_DELAY_S  # the first piece came long before the last
+    assert got[0][0] < standin.finished_at - 3 * PIECE_DELAY_S  # the first piece came long before the last
     assert standin.auth == ["Bearer sk-test"]
     assert standin.requests[0]["stream"] is True and standin.requests[0]["model"] == "tiny"
     assert standin.requests[0]["messages"] == [{"role": "system", "content": "Be brief."},
                                                {"role": "user", "content": "Hi!"}]
 
 
-async def test_memory_is_per_channel_bounded_and_resettable(standin: StandIn) -> None:
+async def test_memory_is_per_channel_bounded_and_resettable(standin: ChatStandIn) -> None:
     standin.mode = "short"
     chat = client_for(standin.url)
     for i in range(1, 4):
@@ -125,7 +64,7 @@ async def test_memory_is_per_channel_bounded_and_resettable(standin: StandIn) ->
     await chat.close()
 
 
-async def test_reply_cut_short_is_remembered_as_read(standin: StandIn) -> None:
+async def test_reply_cut_short_is_remembered_as_read(standin: ChatStandIn) -> None:
     chat = client_for(standin.url)
     stream = chat.stream_reply(3, "Talk")
     assert [await anext(stream), await anext(stream)] == WORDS[:2]
@@ -145,7 +84,7 @@ async def test_server_down_is_a_clear_error() -> None:
     await chat.close()
 
 
-async def test_slow_server_times_out(standin: StandIn) -> None:
+async def test_slow_server_times_out(standin: ChatStandIn) -> None:
     standin.mode = "stall"
     chat = client_for(standin.url, timeout_s=0.4)
     got: list[str] = []
@@ -158,11 +97,11 @@ async def test_slow_server_times_out(standin: StandIn) -> None:
 
 
 @pytest.mark.parametrize("mode, needle", [
-    ("garbage", "not an OpenAI-compatible chat stream"),
+    ("not-json", "not an OpenAI-compatible chat stream"),
     ("404", r"answered HTTP 404 \(model 'tiny' not found\): check chat.model"),
     ("empty", "sent an empty reply"),
 ])
-async def test_bad_answers_are_clear_errors(standin: StandIn, mode: str, needle: str) -> None:
+async def test_bad_answers_are_clear_errors(standin: ChatStandIn, mode: str, needle: str) -> None:
     standin.mode = mode
     chat = client_for(standin.url)
     with pytest.raises(ChatError, match=needle):

@@ -11,7 +11,6 @@ import asyncio
 import io
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,47 +21,14 @@ import numpy as np
 
 from bot.config import config_from_dict
 from bot.http import start_server
-from engines.base import SAMPLE_RATE, VoicePrompt
-from synthesis.types import AudioChunk, BusyError, SynthesisParams, Voice, VoiceNotFound
+from engines.base import SAMPLE_RATE
+from synthesis.types import AudioChunk, BusyError, SynthesisParams, Voice
+from tests.fake_voices import FakeVoices, make_voice
 
 SENTENCE_S = 0.5  # seconds of audio per sentence
 AMPLITUDE = 0.5
 VOICE_FREQS = {"alice": 440.0, "bob": 660.0, "carol": 990.0}  # Hz, one tone per voice
 _SPLIT = re.compile(r"(?<=[.!?])\s+")
-
-
-def make_voice(name: str, owner_id: int = 0) -> Voice:
-    empty = VoicePrompt(np.zeros(0, np.int64), np.zeros((512, 1), np.float32), np.zeros(0, np.int64),
-                        np.zeros((1024, 0), np.float32))
-    return Voice(id=uuid.uuid4().hex, name=name, owner_id=owner_id, version=1, language="en", prompt_text="",
-                 prompt=empty, model_id="fake")
-
-
-class FakeVoices:
-    """The VoiceStore surface the API uses, over voices whose folders exist under ``root``."""
-
-    def __init__(self, root: Path, voices: list[Voice]) -> None:
-        self.root = root
-        self.by_id = {v.id: v for v in voices}
-        for v in voices:
-            (root / v.id).mkdir(parents=True, exist_ok=True)
-            (root / v.id / "clip.flac").write_bytes(b"fLaC-test")
-            (root / v.id / "meta.json").write_text("{}")
-
-    def get(self, voice_id: str) -> Voice:
-        try:
-            return self.by_id[voice_id]
-        except KeyError:
-            raise VoiceNotFound(f"no voice with id {voice_id}") from None
-
-    def find(self, name: str, owner_id: int | None = None) -> Voice:
-        for v in self.by_id.values():
-            if v.name == name and (owner_id is None or v.owner_id == owner_id):
-                return v
-        raise VoiceNotFound(f"no voice named {name!r}")
-
-    def list(self, owner_id: int | None = None) -> list[Voice]:
-        return [v for v in self.by_id.values() if owner_id is None or v.owner_id == owner_id]
 
 
 @dataclass
@@ -159,7 +125,7 @@ async def start(tmp_path: Path, *, http: dict[str, Any] | None = None, delay_s: 
     config = config_from_dict({"voices": {"dir": str(root)}, "http": {"port": 0, **(http or {})}},
                               base_dir=tmp_path)
     voices = {name: make_voice(name) for name in VOICE_FREQS}
-    synth = FakeSynth(FakeVoices(root, list(voices.values())), delay_s=delay_s)
+    synth = FakeSynth(FakeVoices(voices.values(), root), delay_s=delay_s)
     services = SimpleNamespace(config=config, synthesizer=synth, store=None, speech=None)
     runner = await start_server(services, host, 0)  # type: ignore[arg-type]
     port = runner.addresses[0][1]

@@ -22,8 +22,9 @@ from bot.config import Config, DiscordConfig
 from bot.speaker import GuildSpeaker, NotInVoice, QueueFull, SpeechItem
 from bot.speech import NothingToSay, NoVoice, SpeechRefused, SpeechService
 from bot.store import Store
-from engines.base import SpeechError, VoicePrompt
-from synthesis.types import AudioChunk, SynthesisParams, Voice, VoiceNotFound
+from engines.base import SpeechError
+from synthesis.types import AudioChunk, SynthesisParams, Voice
+from tests.fake_voices import FakeVoices, make_voice
 
 SR = 32000
 G1, G2 = 100000000000000001, 100000000000000002
@@ -35,24 +36,7 @@ ALICE, BOB, CAROL, ME, OTHER_BOT = (200000000000000001, 200000000000000002, 2000
 
 
 def _voice(vid: str, owner: int, freq: float) -> Voice:
-    empty = np.zeros(0, np.int64)
-    prompt = VoicePrompt(empty, np.zeros((512, 1), np.float32), empty, np.zeros((1024, 0), np.float32))
-    return Voice(id=vid, name=vid, owner_id=owner, version=1, language="en", prompt_text="", prompt=prompt,
-                 model_id=f"{freq:g}")  # the fake synthesizer reads the tone from model_id
-
-
-class FakeVoices:
-    def __init__(self, voices: list[Voice]) -> None:
-        self.by_id = {v.id: v for v in voices}
-
-    def get(self, voice_id: str) -> Voice:
-        try:
-            return self.by_id[voice_id]
-        except KeyError:
-            raise VoiceNotFound(f"no voice {voice_id}") from None
-
-    def list(self, owner_id: int | None = None) -> list[Voice]:
-        return [v for v in self.by_id.values() if owner_id is None or v.owner_id == owner_id]
+    return make_voice(vid, owner, voice_id=vid, model_id=f"{freq:g}")  # the fake synthesizer reads the tone here
 
 
 @dataclass

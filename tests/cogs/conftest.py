@@ -24,8 +24,9 @@ from discord.webhook import async_ as webhook_async
 
 import discord
 from bot.config import config_from_dict
-from engines.base import SAMPLE_RATE, VoicePrompt
-from synthesis.types import AudioChunk, Voice, VoiceNotFound
+from engines.base import SAMPLE_RATE
+from synthesis.types import AudioChunk, Voice
+from tests.fake_voices import FakeVoices
 
 APP_ID = 100000000000000900
 BOT_ID = 100000000000000901
@@ -155,39 +156,6 @@ class RecordingAdapter(webhook_async.AsyncWebhookAdapter):
 
 
 # ---- fakes (Discord-layer tests only) -----------------------------------------------------------------------------
-
-def _prompt() -> VoicePrompt:
-    return VoicePrompt(np.zeros(4, np.int64), np.zeros((512, 1), np.float32), np.zeros(3, np.int64),
-                       np.zeros((1024, 3), np.float32))
-
-
-class FakeVoices:
-    """The VoiceStore surface the cogs use: get / find / list."""
-
-    def __init__(self) -> None:
-        self.by_id: dict[str, Voice] = {}
-
-    def add(self, name: str, owner_id: int) -> Voice:
-        vid = f"v{len(self.by_id) + 1:03d}"
-        v = Voice(vid, name, owner_id, 1, "en", "hello there", _prompt(), "model")
-        self.by_id[vid] = v
-        return v
-
-    def get(self, voice_id: str) -> Voice:
-        try:
-            return self.by_id[voice_id]
-        except KeyError:
-            raise VoiceNotFound(f"no voice with id {voice_id!r}") from None
-
-    def find(self, name: str, owner_id: int | None = None) -> Voice:
-        for v in self.by_id.values():
-            if v.name == name and (owner_id is None or v.owner_id == owner_id):
-                return v
-        raise VoiceNotFound(f"no voice named {name!r}")
-
-    def list(self, owner_id: int | None = None) -> list[Voice]:
-        return [v for v in self.by_id.values() if owner_id is None or v.owner_id == owner_id]
-
 
 class FakeSynthesizer:
     """Records create/delete/precompute; streams a sine per voice (frequency from the voice id)."""

@@ -7,9 +7,7 @@ harness's fake, which consumes each ``say_stream`` as the speaker would.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import json
 import socket
 import sys
 import time
@@ -17,12 +15,12 @@ from typing import Any
 
 import discord
 import pytest
-from aiohttp import web
 
 from bot.chat import ChatClient
 from bot.config import ChatConfig, config_from_dict
 from bot.speaker import NotInVoice, QueueFull
 from tests.cogs.conftest import ALICE, BOB, BOT_ID, GUILD_ID, OTHER_BOT_ID, TEXT_ID, _user
+from tests.chat_standin import ChatStandIn
 from tests.cogs.test_voices import last_reply
 
 PIECES = ["The sky", " is blue", " because air", " scatters", " blue light", " the most.", " Sunsets", " are red."]
@@ -30,62 +28,11 @@ PIECE_DELAY_S = 0.12  # seconds between streamed pieces (the whole reply takes ~
 EDIT_S = 0.3  # the edit interval the tests run with (the shipped one is 1 s)
 
 
-class StandIn:
-    """``POST /v1/chat/completions`` (stream) that writes ``pieces`` slowly; ``mode`` picks a misbehaviour."""
-
-    def __init__(self) -> None:
-        self.mode = "ok"  # ok | stall | garbage
-        self.pieces = list(PIECES)
-        self.requests: list[dict[str, Any]] = []
-        self.finished = False  # the last piece of the current reply has been written
-        self.release = asyncio.Event()
-        self.runner: web.AppRunner | None = None
-        self.url = ""
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self.completions)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append(await request.json())
-        self.finished = False
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        if self.mode == "garbage":
-            await resp.write(b"data: {\"oops\": true}\n\n")
-            return resp
-        await resp.write(self._event({"role": "assistant"}))
-        if self.mode == "stall":
-            await resp.write(self._event({"content": "Let me think."}))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.release.wait(), 5)
-            return resp
-        for piece in self.pieces:
-            await asyncio.sleep(PIECE_DELAY_S)
-            await resp.write(self._event({"content": piece}))
-        self.finished = True
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    @staticmethod
-    def _event(delta: dict[str, Any]) -> bytes:
-        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "tiny",
-                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
-
-
 @pytest.fixture
 async def standin():
-    s = StandIn()
-    await s.start()
+    s = await ChatStandIn(PIECES, PIECE_DELAY_S, stall_piece="Let me think.").start()
     yield s
-    s.release.set()
-    assert s.runner is not None
-    await s.runner.cleanup()
+    await s.close()
 
 
 def chat_section(url: str, **kw: Any) -> dict[str, Any]:
@@ -110,7 +57,7 @@ def edits_of(h, token: str) -> list:
     return [c for c in h.adapter.for_token(token) if c.method == "PATCH"]
 
 
-def record_speech(h, standin: StandIn) -> list[tuple[str, bool]]:
+def record_speech(h, standin: ChatStandIn) -> list[tuple[str, bool]]:
     """Wrap say_stream: each piece speech receives, with whether the stand-in had finished writing by then."""
     got: list[tuple[str, bool]] = []
     speech = h.services.speech
@@ -231,7 +178,7 @@ async def test_a_down_endpoint_gives_the_asker_a_clear_message(harness, standin)
 
 async def test_garbage_from_the_endpoint_gives_a_clear_message(harness, standin):
     h = harness
-    standin.mode = "garbage"
+    standin.mode = "no-choices"
     token = await h.slash("ask prompt", ALICE, text="hello")
     text, ephemeral = last_reply(h, token)
     assert ephemeral and "is not an OpenAI-compatible chat stream" in text and "chat.base_url" in text
@@ -332,7 +279,7 @@ async def test_a_mention_to_a_broken_endpoint_is_answered_with_the_reason(harnes
     h = harness
     cog = h.bot.get_cog("ChatCog")
     await h.services.store.set_guild_setting(GUILD_ID, "mention_chat", True)
-    standin.mode = "garbage"
+    standin.mode = "no-choices"
     await cog.on_message(mention(h, ALICE, f"<@{BOT_ID}> hello", [BOT_ID]))
     assert channel_rest[0][2] == "…"
     assert "is not an OpenAI-compatible chat stream" in channel_rest[-1][2] and channel_rest[-1][0] == "edit"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +28,6 @@ import discord.http
 import numpy as np
 import pytest
 import pytest_asyncio
-from aiohttp import web
 
 from bot.client import VoiceBot
 from bot.config import Config, load_config
@@ -38,6 +36,7 @@ from bot.speech import SpeechService
 from bot.store import Store
 from synthesis.types import AudioChunk, Voice
 from tests.audio_samples import speech_like_wav
+from tests.chat_standin import ChatStandIn
 from tests.standin.server import Standin
 
 SEED = 1234  # fixed synthesis seed: solo and concurrent runs of one text and voice give identical samples
@@ -200,75 +199,11 @@ CHAT_REPLY = (
 CHAT_PIECE_DELAY_S = 0.08  # seconds between two streamed pieces (one word each): ~1.6 s for the whole reply
 
 
-class SlowChatModel:
-    """A local OpenAI-compatible ``/v1/chat/completions`` that streams ``CHAT_REPLY`` word by word, slowly.
-
-    ``requests`` holds each request body; ``finished_at`` is the ``time.monotonic()`` at which the last piece (and
-    ``[DONE]``) was written.
-    """
-
-    def __init__(self, reply: str = CHAT_REPLY, delay_s: float = CHAT_PIECE_DELAY_S) -> None:
-        self.reply = reply
-        self.delay_s = delay_s
-        self.requests: list[dict[str, Any]] = []
-        self.first_piece_at: float | None = None
-        self.finished_at: float | None = None
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._completions)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server  # aiohttp has no public accessor for the bound port
-        assert server is not None and server.sockets
-        self.port = server.sockets[0].getsockname()[1]
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    def pieces(self) -> list[str]:
-        """The reply split into words, each with its following space."""
-        words = self.reply.split(" ")
-        return [w + " " for w in words[:-1]] + [words[-1]]
-
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.requests.append(body)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-
-        async def event(delta: dict[str, Any], finish: str | None = None) -> None:
-            chunk = {"id": "chatcmpl-e2e", "object": "chat.completion.chunk", "created": int(time.time()),
-                     "model": body.get("model", ""), "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-
-        await event({"role": "assistant", "content": ""})
-        for piece in self.pieces():
-            await asyncio.sleep(self.delay_s)
-            await event({"content": piece})
-            if self.first_piece_at is None:
-                self.first_piece_at = time.monotonic()
-        await event({}, "stop")
-        await response.write(b"data: [DONE]\n\n")
-        self.finished_at = time.monotonic()
-        await response.write_eof()
-        return response
-
-
 @pytest_asyncio.fixture
-async def chat_model() -> AsyncIterator[SlowChatModel]:
-    """The slow chat model, listening on a free loopback port."""
-    model = SlowChatModel()
-    await model.start()
+async def chat_model() -> AsyncIterator[ChatStandIn]:
+    """The slow chat model (one word every CHAT_PIECE_DELAY_S), listening on a free loopback port."""
+    words = CHAT_REPLY.split(" ")
+    model = await ChatStandIn([w + " " for w in words[:-1]] + [words[-1]], CHAT_PIECE_DELAY_S).start()
     yield model
     await model.close()
 
@@ -292,7 +227,7 @@ class BotEnv:
     synth: RecordingSynthesizer
     store: Store
     speech: SpeechService
-    chat_model: SlowChatModel
+    chat_model: ChatStandIn
 
     async def add_voice(self, owner_id: int, name: str, f0: float, seed: int = 0) -> Voice:
         """Store a voice for ``owner_id`` from 4 s of synthetic speech at pitch ``f0`` (setup, not under test)."""
@@ -305,7 +240,7 @@ class BotEnv:
 
 @pytest_asyncio.fixture
 async def env(
-    standin: Standin, tiny_config: Config, real_synthesizer: Any, chat_model: SlowChatModel,
+    standin: Standin, tiny_config: Config, real_synthesizer: Any, chat_model: ChatStandIn,
     monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[BotEnv]:
     """The real bot logged in to the stand-in, its commands synced, ready; closed (and discord.py's globals
@@ -321,7 +256,7 @@ async def env(
         gateway_url=standin.gateway_url,
         ca_file=standin.ca_pem_path,
         guild_ready_timeout_s=GUILD_READY_TIMEOUT_S,
-    ), chat=dataclasses.replace(config.chat, enabled=True, base_url=chat_model.base_url, model="e2e-model",
+    ), chat=dataclasses.replace(config.chat, enabled=True, base_url=chat_model.url, model="e2e-model",
                                 timeout_s=10.0))
     synth = RecordingSynthesizer(real_synthesizer)
     store = Store(config.discord.database)
