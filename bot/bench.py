@@ -29,6 +29,7 @@ TOKENS_10_WORDS = 75  # semantic tokens (3 s of audio) a 10-word sentence takes 
 TEXT_SENTENCES = 4  # whole-text RTF: this many such sentences
 PROMPT_TOKENS = 150  # a 5.4 s reference (HuBERT 25 Hz + the 0.6 s pad)
 PROMPT_PHONES = 40
+TTFA_REPEATS = 3
 
 
 @dataclass
@@ -121,18 +122,21 @@ def _zero_eos_in_file(gpt_path: Path) -> None:
 
 
 def _ttfa_and_rtf(engine: Any, decode_gpt: Callable[[Any], np.ndarray], gin: int) -> tuple[float, float]:
-    """Cold time to first audio for a 10-word sentence, and the RTF of a 4-sentence text (no overlap credit)."""
+    """Time to first audio for a 10-word sentence (median of a few passes after a warm-up one), and the RTF of a
+    4-sentence text (no overlap credit)."""
     from synthesis.text import text_to_phonemes
 
     rng = np.random.default_rng(1)
     (req,) = _requests(1, TOKENS_10_WORDS, rng)
-    for _ in range(2):  # the first pass pays one-time costs (dictionaries, kernel selection): report the second
+    times = []
+    for _ in range(1 + TTFA_REPEATS):  # the first pass pays one-time costs (dictionaries, kernel selection)
         t0 = time.perf_counter()
         ph = text_to_phonemes(SENTENCE_10_WORDS, "en")
         req = type(req)(ph.ids, np.zeros((1024, ph.ids.size), np.float32), req.voice, req.params)
         tokens = decode_gpt(req)
         wav = engine.decode(tokens, ph.ids, _voice_with_ge(req.voice, gin), 1.0, 0.5, 0)
-        ttfa = time.perf_counter() - t0
+        times.append(time.perf_counter() - t0)
+    ttfa = float(np.median(times[1:]))
     t0 = time.perf_counter()
     audio = 0
     for _ in range(TEXT_SENTENCES):
@@ -173,8 +177,9 @@ def _naive_gpt(engine: Any) -> Callable[[Any], np.ndarray]:
 
 def bench_size(size: str, engines: list[str], batches: list[int], steps: int, device: str,
                threads: int) -> tuple[list[Row], list[PipelineRow]]:
-    """Every requested measurement at one model size; each engine runs in a fresh process of its own, so its
-    peak memory is its own and no earlier run's thread pools slow it down."""
+    """Every requested measurement at one model size. Each engine, precision and batch size runs in a fresh process
+    of its own with the engine sized for that batch (its static KV cache included), so a row's peak memory is that
+    configuration's own and no earlier run's thread pools slow it down."""
     from engines.gpt_sovits.checkpoint import load_sovits_checkpoint
     from engines.gpt_sovits.tiny import write_model_set
 
@@ -198,8 +203,9 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
         if "onnx" in engines:
             jobs += [("onnx", "fp32"), ("onnx", "int8")]
         for engine, precision in jobs:
-            rows.extend(_isolated(_bench_engine, engine, precision, decode_models, tmp, size, batches, steps,
-                                  device, threads, gin))
+            for batch in [1] if engine == "naive" else batches:
+                rows.extend(_isolated(_bench_engine, engine, precision, decode_models, tmp, size, batch,
+                                      batch == min(batches), steps, device, threads, gin))
         if "pipeline" in engines:
             for precision in ["fp32" if device == "cpu" else "fp16"] + (
                     ["int8"] if "int8" in engines and device == "cpu" else []):
@@ -215,9 +221,10 @@ def _isolated(fn: Callable[..., Any], *args: Any) -> Any:
         return pool.apply(fn, args)
 
 
-def _bench_engine(engine: str, precision: str, models: dict[str, str], tmp: str, size: str, batches: list[int],
-                  steps: int, device: str, threads: int, gin: int) -> list[Row]:
-    """One engine at one precision: decode tokens/s per batch size, ttfa and RTF (in a process of its own)."""
+def _bench_engine(engine: str, precision: str, models: dict[str, str], tmp: str, size: str, batch: int,
+                  latency: bool, steps: int, device: str, threads: int, gin: int) -> list[Row]:
+    """One engine at one precision and batch size: decode tokens/s, and (``latency``) ttfa and RTF, in a process of
+    its own."""
     from engines.loader import set_cpu_threads
     from engines.torch_engine import TorchEngine
 
@@ -228,22 +235,18 @@ def _bench_engine(engine: str, precision: str, models: dict[str, str], tmp: str,
         from engines.onnx_engine import OnnxEngine
 
         eng: Any = OnnxEngine.from_files(paths, Path(tmp) / "onnx", device=device, precision=precision,
-                                         threads=threads, max_batch=max(batches))
+                                         threads=threads, max_batch=batch)
     else:
-        eng = TorchEngine.from_files(paths, device=device, precision=precision, max_batch=max(batches),
+        eng = TorchEngine.from_files(paths, device=device, precision=precision, max_batch=batch,
                                      cuda_graphs=engine == "torch")
     if engine == "naive":
         tps = _naive_tokens_per_s(eng.gpt, steps)
         ttfa, rtf = _ttfa_and_rtf(eng, _naive_gpt(eng), gin)
         return [Row("naive", precision, device, size, 1, tps, ttfa, rtf, _peak_mem_mb(device))]
-    ttfa, rtf = _ttfa_and_rtf(eng, _engine_gpt(eng), gin)
-    rows = []
-    for b in batches:
-        tps = _time_batch(eng, b, steps)
-        rows.append(Row(engine, precision, device, size, b, tps, ttfa if b == 1 else None, rtf if b == 1 else None,
-                        _peak_mem_mb(device)))
-        log.info("%s %s %s b%d: %.1f tok/s", engine, precision, size, b, tps)
-    return rows
+    ttfa, rtf = _ttfa_and_rtf(eng, _engine_gpt(eng), gin) if latency else (None, None)
+    tps = _time_batch(eng, batch, steps)
+    log.info("%s %s %s b%d: %.1f tok/s", engine, precision, size, batch, tps)
+    return [Row(engine, precision, device, size, batch, tps, ttfa, rtf, _peak_mem_mb(device))]
 
 
 def _pipeline_in_process(models: dict[str, str], tmp: str, size: str, device: str, threads: int,
