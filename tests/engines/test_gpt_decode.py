@@ -248,8 +248,8 @@ def test_from_checkpoint_is_strict(golden_dir: Path) -> None:
     broken["ar_predict_layer.weight"] = broken["ar_predict_layer.weight"][:, :64]
     with pytest.raises(ModelFormatError, match="missing.*h.layers.1.norm2.bias.*ar_predict_layer.weight"):
         Text2SemanticModel.from_checkpoint(type(ckpt)(broken, ckpt.config, ckpt.info))
-    with pytest.raises(ValueError, match="fp32 only"):
-        Text2SemanticModel.from_checkpoint(ckpt, "cpu", torch.float16)
+    with pytest.raises(ValueError, match="fp32, fp16 or bf16, got torch.float64"):
+        Text2SemanticModel.from_checkpoint(ckpt, "cpu", torch.float64)
 
 
 def test_build_random_gpt_sizes() -> None:
@@ -293,18 +293,3 @@ def test_cuda_graph_replay_equals_eager(golden_dir: Path, inputs, dtype: torch.d
             assert runner.replays > 20
     for i in range(len(inputs)):
         np.testing.assert_array_equal(results[1][i], results[0][i])
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize(("dtype", "tol"), [(torch.float16, 0.05), (torch.bfloat16, 0.25)])
-def test_cuda_half_logits_close(golden_dir: Path, inputs, dtype: torch.dtype, tol: float) -> None:
-    ckpt = load_gpt_checkpoint(golden_dir / "gpt_tiny_v2.ckpt")
-    ph, bert, prompt = inputs[0]
-    out = []
-    with torch.inference_mode():
-        for m in (Text2SemanticModel.from_checkpoint(ckpt), Text2SemanticModel.from_checkpoint(ckpt, "cuda", dtype)):
-            m.setup_caches(1, 256)
-            out.append(m.prefill(0, torch.as_tensor(ph), torch.as_tensor(bert), torch.as_tensor(prompt)).cpu())
-    assert out[1].dtype == torch.float32  # logits stay fp32
-    assert (out[0] - out[1]).abs().max().item() < tol
