@@ -43,12 +43,31 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_precision(precision: str, device: str) -> str:
-    """``auto`` -> fp16 on GPU, fp32 on CPU."""
+    """``auto`` -> fp16 on GPU, fp32 on CPU; a precision the device cannot run is an error that says what can."""
     if precision == "auto":
         return "fp16" if device.startswith("cuda") else "fp32"
     if device == "cpu" and precision in ("fp16", "bf16"):
         raise EngineError(f"engine.precision {precision} is for GPUs; on the CPU use fp32 (or int8)")
+    if device.startswith("cuda") and precision == "int8":
+        raise EngineError("engine.precision int8 is a CPU speed path; on a GPU use fp16 (or bf16, fp32)")
     return precision
+
+
+def choose_backend(backend: str, device: str, precision: str, tensorrt_installed: bool) -> str:
+    """The backend to build: ``auto`` is TensorRT for fp16 on an NVIDIA GPU where it is installed, else torch; an
+    explicit choice the device or precision cannot serve is an error that says what can."""
+    if backend == "auto":
+        return "tensorrt" if device.startswith("cuda") and precision == "fp16" and tensorrt_installed else "torch"
+    if backend not in BACKENDS:
+        raise EngineError(f"unknown engine.backend {backend!r}: expected auto, {', '.join(BACKENDS)}")
+    if backend == "tensorrt":
+        if not device.startswith("cuda"):
+            raise EngineError("engine.backend tensorrt needs an NVIDIA GPU (engine.device: cuda or auto on a machine "
+                              "with one); on the CPU use torch or onnx")
+        if precision != "fp16":
+            raise EngineError(f"the tensorrt backend builds fp16 engines; set engine.precision: fp16 (or auto), or "
+                              f"use engine.backend: torch for {precision}")
+    return backend
 
 
 def cpu_threads(threads: int) -> int:
@@ -66,17 +85,17 @@ def set_cpu_threads(threads: int) -> int:
 
 
 def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
-    """Build the configured backend; ``auto`` picks TensorRT on NVIDIA when available, else torch."""
+    """Build the configured backend (see :func:`choose_backend`)."""
     device = resolve_device(engine.device)
     precision = resolve_precision(engine.precision, device)
-    backend = engine.backend
-    if backend == "auto":
-        backend = "tensorrt" if device.startswith("cuda") and importlib.util.find_spec("tensorrt") else "torch"
+    backend = choose_backend(engine.backend, device, precision, importlib.util.find_spec("tensorrt") is not None)
     threads = cpu_threads(engine.threads)
     if device == "cpu":
-        # Only the device worker's thread may own a multi-threaded BLAS/OpenMP pool: when two threads own one,
-        # the OpenMP runtime sees more threads than cores and throttles, and the GPT's GEMVs run ~3x slower.
-        # The loading thread stays single-threaded; the engine's thread count applies where it runs (bind_thread).
+        # Only the device worker's thread may own a multi-threaded OpenMP pool. Once a second thread has run torch
+        # work with 2+ threads, libgomp manages more threads than there are cores and cuts its spin-wait, so every
+        # small GEMV pays a futex wake-up (measured on 2 cores: GPT step 13.8 -> 28 ms, for good: the idle pool
+        # stays). The loading thread stays single-threaded; the engine's thread count applies where it runs
+        # (bind_thread).
         set_cpu_threads(1)
     log.info("loading the %s engine on %s (%s)", backend, device, precision)
 
@@ -105,4 +124,4 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
             # auto chose TensorRT because it is installed; a failed build must not keep the bot from speaking
             log.warning("TensorRT engine unavailable (%s); using the torch engine instead", e)
             return torch_engine()
-    raise EngineError(f"unknown engine.backend {backend!r}: expected auto, {', '.join(BACKENDS)}")
+    raise AssertionError(backend)  # choose_backend returns one of BACKENDS

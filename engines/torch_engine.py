@@ -111,7 +111,10 @@ class TorchEngine:
                    cuda_graphs=cuda_graphs, threads=threads)
 
     def bind_thread(self) -> None:
-        """Called once by the thread that will run this engine: give it the engine's CPU threads."""
+        """Called once by the thread that will run this engine: give it the engine's CPU threads.
+
+        torch also makes this count the default of threads that first run torch work later, so on a CPU no other
+        thread may run torch work after this (see :func:`engines.loader.load_engine`)."""
         if self.device == "cpu" and self.threads:
             torch.set_num_threads(self.threads)
 
