@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import threading
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -85,6 +86,8 @@ class TorchEngine:
         self.threads = threads
         self.cuda_graphs = cuda_graphs and device.startswith("cuda")
         self._sovits_dtype = DTYPES.get(precision, torch.float32)
+        self._owner: int | None = None  # the thread bind_thread gave the CPU threads to
+        self._warned_thread = False
         # HuBERT/BERT in the SoVITS precision on GPU, fp32 on CPU
         self.encoders = LazyEncoders(hubert_path, bert_path, device,
                                      self._sovits_dtype if device.startswith("cuda") else torch.float32)
@@ -114,9 +117,20 @@ class TorchEngine:
         """Called once by the thread that will run this engine: give it the engine's CPU threads.
 
         torch also makes this count the default of threads that first run torch work later, so on a CPU no other
-        thread may run torch work after this (see :func:`engines.loader.load_engine`)."""
-        if self.device == "cpu" and self.threads:
-            torch.set_num_threads(self.threads)
+        thread may run torch work after this (see :func:`engines.loader.load_engine`): the engine warns once if one
+        does."""
+        if self.device == "cpu":
+            self._owner = threading.get_ident()
+            if self.threads:
+                torch.set_num_threads(self.threads)
+
+    def _check_thread(self) -> None:
+        """Warn (once) when CPU torch work runs outside the bound thread: it makes every later GPT step ~2x slower."""
+        if self._owner is not None and threading.get_ident() != self._owner and not self._warned_thread:
+            self._warned_thread = True
+            log.warning("the torch engine was called from thread %r, not from the thread it is bound to: on a CPU "
+                        "two threads running torch work slow every later GPT step about 2x; call the engine "
+                        "only from the synthesis worker", threading.current_thread().name)
 
     # ---- lazily loaded encoders ------------------------------------------------------------------------------
 
@@ -125,6 +139,7 @@ class TorchEngine:
     @torch.inference_mode()
     def encode_reference(self, wav16k: np.ndarray | None,
                          refs32k: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        self._check_thread()
         if not refs32k:
             raise EngineError("encode_reference needs at least one 32 kHz reference clip")
         tokens = np.zeros(0, np.int64)
@@ -141,9 +156,11 @@ class TorchEngine:
 
     @torch.inference_mode()
     def text_features(self, norm_text: str, word2ph: Sequence[int]) -> np.ndarray:
+        self._check_thread()
         return self.encoders.bert().features(norm_text, word2ph)
 
     def open_batch(self, on_chunk: ChunkCallback | None = None) -> SemanticBatch:
+        self._check_thread()
         # A host read costs nothing on the CPU, so check for EOS every step there (no wasted steps).
         decoder = BatchDecoder(self.gpt, max_slots=self.max_batch, max_len=MAX_CONTEXT, on_chunk=on_chunk,
                                sync_every=1 if self.device == "cpu" else SYNC_EVERY, bucket_rows=self.cuda_graphs)
@@ -158,6 +175,7 @@ class TorchEngine:
     @torch.inference_mode()
     def decode(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,
                noise_scale: float = 0.5, seed: int | None = None) -> np.ndarray:
+        self._check_thread()
         dev = self.device
         codes = torch.as_tensor(np.asarray(tokens, np.int64), device=dev).view(1, 1, -1)
         text = torch.as_tensor(np.asarray(phones, np.int64), device=dev).view(1, -1)
