@@ -81,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="any of naive, torch, int8, onnx, pipeline")
     sp.add_argument("--batches", default="1,8")
     sp.add_argument("--steps", type=int, default=100, help="decode steps per measurement (100: a 4 s sentence)")
+    sp = sub.add_parser("bench-streams", parents=[common],
+                        help="how many real-time speech streams this machine holds at once")
+    sp.add_argument("--streams", default=None, help="stream counts to try, like 1,2,4,8 (the default)")
+    sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     sp = sub.add_parser("bench-http", parents=[common], help="time to first byte of every HTTP protocol")
     sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     sp.add_argument("--repeat", type=int, default=None, help="requests per row (medians are reported)")
@@ -360,6 +364,12 @@ def _bench(config: Any, args: argparse.Namespace) -> int:
     return run_bench(config, args)
 
 
+def _bench_streams(config: Any, args: argparse.Namespace) -> int:
+    from bot.bench_streams import run_streams_bench
+
+    return run_streams_bench(config, args)
+
+
 def _bench_http(config: Any, args: argparse.Namespace) -> int:
     from bot.bench_http import run_http_bench
 
@@ -378,6 +388,7 @@ _COMMANDS = {
     ("engines", "build"): _engines_build,
     ("bench", None): _bench,
     ("bench-http", None): _bench_http,
+    ("bench-streams", None): _bench_streams,
 }
 
 if __name__ == "__main__":

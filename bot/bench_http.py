@@ -202,7 +202,7 @@ async def _measure(synth: Synthesizer, client: _Client, voice: Voice, params: Sy
     return rows
 
 
-def _bench_config(config: Any, data: Path) -> Any:
+def bench_config(config: Any, data: Path) -> Any:
     """The config with a temporary voice folder and caches, and no rate limit."""
     return dataclasses.replace(
         config,
@@ -214,7 +214,7 @@ def _bench_config(config: Any, data: Path) -> Any:
 
 async def _bench(config: Any, repeat: int) -> tuple[list[HttpRow], dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="voicebot-bench-http-") as tmp:
-        config = _bench_config(config, Path(tmp))
+        config = bench_config(config, Path(tmp))
         t0 = time.perf_counter()
         synth = build_synthesizer(config)
         await synth.warm_up()

@@ -504,6 +504,8 @@ class GuildSpeaker:
         finally:
             self._source = None
             source.stop()
+            if source.first_frame_at is not None:  # before any await: whoever sees items_spoken sees this too
+                self.last_ttfa_s = source.first_frame_at - source.created_at
             if producer is not None:
                 if not producer.done():
                     producer.cancel()
@@ -511,8 +513,6 @@ class GuildSpeaker:
             if vc is not None and vc.is_playing():
                 vc.stop()
             self.underrun_frames += source.frames_silence
-            if source.first_frame_at is not None:
-                self.last_ttfa_s = source.first_frame_at - source.created_at
 
     async def _play(self, vc: VoiceClientLike, source: StreamAudioSource) -> Exception | None:
         """Play ``source`` on ``vc`` until discord.py's player ends; returns the player's error, if any."""
