@@ -118,11 +118,17 @@ class TorchEngine:
 
         torch also makes this count the default of threads that first run torch work later, so on a CPU no other
         thread may run torch work after this (see :func:`engines.loader.load_engine`): the engine warns once if one
-        does."""
+        does. On a GPU the calling thread gets a CUDA stream of its own."""
         if self.device == "cpu":
             self._owner = threading.get_ident()
             if self.threads:
                 torch.set_num_threads(self.threads)
+        else:
+            # On a GPU the GPT and the vocoder run in threads of their own: a CUDA stream each lets their kernels
+            # overlap (on the shared default stream they would serialise). Nothing crosses between the lanes but
+            # numpy, and the weights were written on the default stream: finish that work first.
+            torch.cuda.synchronize(self.device)
+            torch.cuda.set_stream(torch.cuda.Stream(device=self.device))
 
     def _check_thread(self) -> None:
         """Warn (once) when CPU torch work runs outside the bound thread: it makes every later GPT step ~2x slower."""

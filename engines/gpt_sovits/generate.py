@@ -312,7 +312,9 @@ class CudaGraphStep:
             self.decoder.graphable_step(rows, kv_len)  # this step, for real, and the capture's warm-up
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # recorded, not executed
+        # thread_local: on a GPU the vocoder runs in a thread of its own, and a capture in the default "global"
+        # mode would fail that thread's allocations (cudaMalloc is capture-unsafe) while this thread captures
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # recorded, not executed
             self.decoder.graphable_step(rows, kv_len)
         self.graphs[key] = graph
 
