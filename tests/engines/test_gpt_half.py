@@ -1,5 +1,6 @@
 """The GPT in half precision (fp16, bf16) keeps upstream's greedy decisions on the golden data, and does not stop
-early: on the CPU here and on CUDA where there is one (fp32 norms, logits and sampling in both).
+early: on the CPU here (with the TorchScript layer loop and with the plain Python one that CUDA runs) and on CUDA
+where there is one (fp32 norms, logits and sampling in all).
 
 Half precision is known to make GPT-SoVITS stop early. The proof, per precision, along upstream's own greedy path
 (teacher-forced):
@@ -30,7 +31,8 @@ pytestmark = pytest.mark.conformance
 HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 LOGIT_ATOL = {"fp16": 0.02, "bf16": 0.08}  # measured on CPU: fp16 0.005, bf16 0.033 at most
 CASES = [("rp135", 1.35), ("rp100", 1.0)]
-DEVICES = ["cpu", pytest.param("cuda", marks=[
+# On the CPU the layer loop runs as TorchScript; the plain Python loop is what CUDA runs: both are checked here.
+DEVICES = ["cpu", "cpu-python", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 
 
@@ -38,6 +40,17 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[
 def io(golden_dir: Path) -> dict[str, np.ndarray]:
     with np.load(golden_dir / "gpt_io.npz") as f:
         return {k: f[k] for k in f.files}
+
+
+@pytest.fixture
+def device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test's device; ``cpu-python`` is the CPU with the layer loop CUDA runs (plain Python)."""
+    if request.param == "cpu-python":
+        from engines.gpt_sovits import gpt as gpt_module
+
+        monkeypatch.setattr(gpt_module, "_layers_runner", lambda device: gpt_module._decode_layers)
+        return "cpu"
+    return request.param
 
 
 def _model(golden_dir: Path, device: str, precision: str) -> Text2SemanticModel:
@@ -91,7 +104,7 @@ def test_penalised_view_reproduces_upstream_margins(io: dict[str, np.ndarray], k
     np.testing.assert_allclose([m for _, m in choices], io[f"greedy_{key}_top2_margin"], atol=1e-3)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize(("key", "rp"), CASES)
 def test_half_keeps_greedy_choices_and_stop(golden_dir: Path, io: dict[str, np.ndarray], device: str,
@@ -109,7 +122,7 @@ def test_half_keeps_greedy_choices_and_stop(golden_dir: Path, io: dict[str, np.n
             assert choice == expected[step], f"step {step}: {choice} != upstream's {expected[step]}"
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize(("key", "rp"), CASES)
 def test_half_free_decode_follows_upstream_until_a_near_tie(golden_dir: Path, io: dict[str, np.ndarray],
