@@ -84,6 +84,18 @@ def set_cpu_threads(threads: int) -> int:
     return n
 
 
+def use_lane_stream(device: str) -> None:
+    """Give the calling thread a CUDA stream of its own on ``device`` (engines' ``bind_thread`` on a GPU).
+
+    The GPT and the vocoder run in threads of their own on a GPU; on the shared default stream their kernels would
+    serialise. Nothing crosses between the lanes but numpy, and the weights were written on the default stream:
+    that work is finished first."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    torch.cuda.set_stream(torch.cuda.Stream(device=device))
+
+
 def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
     """Build the configured backend (see :func:`choose_backend`)."""
     device = resolve_device(engine.device)

@@ -41,6 +41,7 @@ from engines.gpt_sovits.generate import BatchDecoder, generate
 from engines.gpt_sovits.gpt import KV_BUCKET, GptConfig
 from engines.gpt_sovits.sovits import mean_style
 from engines.gpt_sovits.spectrogram import reference_spec_input
+from engines.loader import use_lane_stream
 # The SemanticBatch adapter (request -> decoder inputs, cache-room clamp) is the torch engine's, so both backends
 # admit and cut requests identically.
 from engines.torch_engine import MAX_CONTEXT, SlotBatch
@@ -260,6 +261,11 @@ class GraphEngine:
         self.sample_rate = int(manifest["sovits"]["sampling_rate"])
         half = device.startswith("cuda") and precision == "fp16"
         self.encoders = LazyEncoders(hubert_path, bert_path, device, torch.float16 if half else torch.float32)
+
+    def bind_thread(self) -> None:
+        """Called once by each thread that will run this engine: on a GPU, a CUDA stream of its own."""
+        if self.device.startswith("cuda"):
+            use_lane_stream(self.device)
 
     # ---- Engine protocol -------------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from engines.gpt_sovits.generate import SYNC_EVERY, BatchDecoder, CudaGraphStep,
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.gpt_sovits.sovits import SoVITSDecoder, mean_style
 from engines.gpt_sovits.spectrogram import reference_spec_input
+from engines.loader import use_lane_stream
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +125,7 @@ class TorchEngine:
             if self.threads:
                 torch.set_num_threads(self.threads)
         else:
-            # On a GPU the GPT and the vocoder run in threads of their own: a CUDA stream each lets their kernels
-            # overlap (on the shared default stream they would serialise). Nothing crosses between the lanes but
-            # numpy, and the weights were written on the default stream: finish that work first.
-            torch.cuda.synchronize(self.device)
-            torch.cuda.set_stream(torch.cuda.Stream(device=self.device))
+            use_lane_stream(self.device)
 
     def _check_thread(self) -> None:
         """Warn (once) when CPU torch work runs outside the bound thread: it makes every later GPT step ~2x slower."""
