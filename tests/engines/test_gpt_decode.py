@@ -219,6 +219,37 @@ def test_python_layer_loop_equals_scripted(model, inputs, precision: str, monkey
         assert (scripted - fp32).abs().max().item() < 0.05 * fp32.abs().max().item()
 
 
+def test_without_torchscript_the_python_loop_decodes(model, inputs, monkeypatch, caplog) -> None:
+    """TorchScript is deprecated: where it cannot compile, the CPU decodes with the Python layer loop, same logits."""
+    from engines.gpt_sovits import gpt as gpt_module
+
+    ph, bert, prompt = inputs[0]
+
+    def first_steps(m: Text2SemanticModel) -> torch.Tensor:
+        with torch.inference_mode():
+            m.setup_caches(1, 256)
+            m.prefill(0, torch.as_tensor(ph), torch.as_tensor(bert), torch.as_tensor(prompt))
+            start = len(ph) + len(prompt)
+            return torch.stack([m.decode_step(torch.tensor([5 + i]), torch.tensor([start + i]), None, 128)[0]
+                                for i in range(3)])
+
+    scripted = first_steps(copy.deepcopy(model))
+
+    def no_torchscript(fn):  # type: ignore[no-untyped-def]
+        raise RuntimeError("TorchScript is not available in this build")
+
+    monkeypatch.setattr(torch.jit, "script", no_torchscript)
+    gpt_module._scripted_layers.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="engines.gpt_sovits.gpt"):
+            fallback = first_steps(copy.deepcopy(model))
+        assert gpt_module._layers_runner(torch.device("cpu")) is gpt_module._decode_layers
+    finally:
+        gpt_module._scripted_layers.cache_clear()  # the next test compiles again, with TorchScript
+    assert "TorchScript could not compile the GPT layer loop (RuntimeError: TorchScript is not available" in caplog.text
+    torch.testing.assert_close(fallback, scripted, atol=1e-5, rtol=0)
+
+
 def test_request_too_long_for_cache(model, inputs) -> None:
     dec = BatchDecoder(model, 1, 128)
     with pytest.raises(EngineError, match="raise max_len"):
