@@ -17,12 +17,17 @@ def test_calls_off_the_bound_thread_are_warned_once(tiny_models: Path, caplog: p
     from bot.config import load_config
 
     engine = TorchEngine.from_files(load_config(tiny_models / "config.yaml").models, threads=1)
-    engine.decode(np.arange(20) % 7, np.arange(1, 9), _voice(engine))  # not bound yet: any thread may call
+    voice = _voice(engine)
+
+    def speak() -> np.ndarray:
+        return engine.decode(np.arange(20) % 7, np.arange(1, 9), voice)
+
+    speak()  # not bound yet: any thread may call
     out: dict[str, np.ndarray] = {}
 
     def worker() -> None:
         engine.bind_thread()
-        out["wav"] = engine.decode(np.arange(20) % 7, np.arange(1, 9), _voice(engine))
+        out["wav"] = speak()
 
     caplog.set_level(logging.WARNING, logger="engines.torch_engine")
     t = threading.Thread(target=worker, name="bound")
@@ -30,7 +35,7 @@ def test_calls_off_the_bound_thread_are_warned_once(tiny_models: Path, caplog: p
     t.join()
     assert out["wav"].size > 0 and not caplog.records
     for _ in range(2):
-        engine.decode(np.arange(20) % 7, np.arange(1, 9), _voice(engine))
+        speak()
     assert [r.getMessage() for r in caplog.records] == [
         "the torch engine was called from thread 'MainThread', not from the thread it is bound to: on a CPU two "
         "threads running torch work slow every later GPT step about 2x; call the engine only from the synthesis "
