@@ -1,23 +1,55 @@
 # voicebot: `make run` sets everything up and starts the bot; `make test` sets up and runs the whole test suite.
 PY ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 CONFIG ?= config.yaml
+TORCH_VERSION := 2.13.0
+# cpu | cuda | auto (auto: the CUDA build where nvidia-smi sees an NVIDIA GPU, else the CPU build)
+TORCH_BUILD ?= auto
 
 .PHONY: run test system-deps venv bench clean
 
 system-deps:
 	@if ! ldconfig -p | grep -q libopus.so; then \
 		echo "installing libopus0 (Discord voice needs it)"; \
-		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq libopus0; \
-		else sudo apt-get update -qq && sudo apt-get install -y -qq libopus0; fi; \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y libopus0; \
+		else sudo apt-get update -qq && sudo apt-get install -y libopus0; fi; \
 	fi
 
-$(BIN)/.installed: pyproject.toml
+# Debian/Ubuntu ship Python without its venv module (package python3.X-venv): install it, or say which package.
+$(BIN)/python:
+	@if ! $(PY) -c 'import venv, ensurepip' 2>/dev/null; then \
+		pkg="python$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv"; \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "Python's venv module is missing: installing $$pkg"; \
+			apt-get update -qq && { apt-get install -y "$$pkg" || apt-get install -y python3-venv; }; \
+		else echo "Python's venv module is missing: install it (Debian/Ubuntu: sudo apt-get install $$pkg), then run make again"; exit 1; fi; \
+	fi
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+
+# torch first, in the build this machine can use: PyPI's Linux torch is the CUDA build (several GB of CUDA
+# libraries), useless without an NVIDIA GPU, so a CPU-only machine gets the CPU build (a local wheel where pip's
+# configuration provides one, else PyTorch's CPU index).
+$(BIN)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --upgrade pip
+	@build="$(TORCH_BUILD)"; \
+	if [ "$$build" = auto ]; then \
+		if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then build=cuda; else build=cpu; fi; \
+	fi; \
+	if [ "$$build" = cpu ]; then \
+		echo "no NVIDIA GPU here (TORCH_BUILD=$(TORCH_BUILD)): installing the CPU build of torch $(TORCH_VERSION)"; \
+		$(BIN)/python -m pip install "torch==$(TORCH_VERSION)+cpu" \
+		|| $(BIN)/python -m pip install "torch==$(TORCH_VERSION)" --index-url https://download.pytorch.org/whl/cpu \
+		|| exit 1; \
+	else \
+		echo "NVIDIA GPU found (TORCH_BUILD=$(TORCH_BUILD)): installing the CUDA build of torch $(TORCH_VERSION)"; \
+		$(BIN)/python -m pip install "torch==$(TORCH_VERSION)" || exit 1; \
+	fi; \
+	$(BIN)/python -c 'import sys, torch; cuda = torch.version.cuda; \
+		print("installed torch", torch.__version__, "(CUDA %s build)" % cuda if cuda else "(CPU build)"); \
+		sys.exit(1 if "'"$$build"'" == "cpu" and cuda else 0)' \
+		|| { echo "expected the CPU build of torch, got a CUDA build: rm -rf $(VENV) and run make again"; exit 1; }
+	$(BIN)/python -m pip install -e '.[dev]'
 	touch $@
 
 venv: system-deps $(BIN)/.installed
