@@ -1,0 +1,49 @@
+"""The process: CLI, config, the discord.py client, per-guild speakers, the SQLite store, HTTP API, chat client.
+
+This is the surface the cogs use: the client and the services it carries, the speech service with the refusals a
+command answers, the chat client, and the settings tables. Every name loads on first use (module ``__getattr__``),
+so ``import bot.config`` (the CLI, the HTTP server, the tests) does not import discord.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bot.chat import ChatClient, ChatError
+    from bot.client import VoiceBot
+    from bot.services import Services
+    from bot.speaker import NotInVoice
+    from bot.speech import NoVoice, SpeechService
+    from bot.store import GUILD_SETTINGS, USER_SETTINGS, SettingDef, setting_def
+
+__all__ = [
+    # the client and the services injected into it
+    "VoiceBot", "Services",
+    # speaking in a guild, and the refusals a command turns into a reply
+    "SpeechService", "NoVoice", "NotInVoice",
+    # the chat model
+    "ChatClient", "ChatError",
+    # the guild and user settings /settings and /set work with
+    "GUILD_SETTINGS", "USER_SETTINGS", "SettingDef", "setting_def",
+]
+
+_LAZY = {  # name -> the module that defines it, imported on first use
+    "VoiceBot": "bot.client", "Services": "bot.services",
+    "SpeechService": "bot.speech", "NoVoice": "bot.speech", "NotInVoice": "bot.speaker",
+    "ChatClient": "bot.chat", "ChatError": "bot.chat",
+    "GUILD_SETTINGS": "bot.store", "USER_SETTINGS": "bot.store", "SettingDef": "bot.store", "setting_def": "bot.store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

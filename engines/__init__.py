@@ -1,6 +1,56 @@
-"""Inference engines for GPT-SoVITS v2: the only package where tensors live."""
+"""Inference engines for GPT-SoVITS v2: the only package where tensors live.
 
-from engines.base import Engine, EngineError, SamplingParams, SemanticRequest, SpeechError, VoicePrompt
+The layers above see the engine through this surface only: the :class:`Engine` protocol and the numpy types that
+cross it, the error root, the model's fixed rates and sizes, and the functions that load an engine, build its
+exported graphs and write a random model set. ``build_engines`` and ``write_model_set`` load torch, so they are
+imported on first use (module ``__getattr__``): ``import engines`` stays free of torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from engines.base import (
+    BERT_DIM,
+    SAMPLE_RATE,
+    SAMPLES_PER_TOKEN,
+    SSL_SAMPLE_RATE,
+    Engine,
+    EngineError,
+    SamplingParams,
+    SemanticBatch,
+    SemanticRequest,
+    SpeechError,
+    VoicePrompt,
+)
 from engines.loader import load_engine
 
-__all__ = ["Engine", "EngineError", "SamplingParams", "SemanticRequest", "SpeechError", "VoicePrompt", "load_engine"]
+if TYPE_CHECKING:
+    from engines.export import build_engines
+    from engines.gpt_sovits.tiny import write_model_set
+
+__all__ = [
+    # the interface and what crosses it (numpy in, numpy out)
+    "Engine", "SemanticBatch", "SemanticRequest", "SamplingParams", "VoicePrompt",
+    # the error root (every layer's errors derive from SpeechError) and the engines' own
+    "SpeechError", "EngineError",
+    # the model's fixed facts: Hz, samples per semantic token, BERT feature size
+    "SAMPLE_RATE", "SSL_SAMPLE_RATE", "SAMPLES_PER_TOKEN", "BERT_DIM",
+    # entry points: load one, export/build its graphs, write a random model set (tests, `models make-tiny`)
+    "load_engine", "build_engines", "write_model_set",
+]
+
+_LAZY = {"build_engines": "engines.export", "write_model_set": "engines.gpt_sovits.tiny"}  # name -> module (torch)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -168,7 +168,7 @@ class _SovitsDecode(nn.Module):
         y = y.unsqueeze(-1).expand(-1, -1, -1, 2).reshape(y.shape[0], y.shape[1], -1)  # 2x nearest: 25 -> 50 Hz
         y = enc.encoder_ssl(enc.ssl_proj(y))
         t = enc.encoder_text(enc.text_embedding(text).transpose(1, 2))
-        y = enc.encoder2(enc.mrte(y, t, ge))
+        y = enc.encoder2(enc.mrte(y, t, s.text_style(ge)))  # v2Pro: the MRTE gets ge_to512(ge)
         # speed: resample the encoder output to the caller's frame count (identity at speed 1)
         y = F.interpolate(y, size=noise.shape[-1], mode="linear")
         m_p, logs_p = torch.split(enc.proj(y), enc.out_channels, dim=1)
@@ -177,14 +177,14 @@ class _SovitsDecode(nn.Module):
 
 
 class _RefStyle(nn.Module):
-    """Linear spectrogram -> style vector ``ge``."""
+    """Linear spectrogram (+ v2Pro: SV features ``sv [B, sv_dim]``) -> style vector ``ge``."""
 
     def __init__(self, sovits: SoVITSDecoder) -> None:
         super().__init__()
         self.sovits = sovits
 
-    def forward(self, spec: Tensor) -> Tensor:
-        return self.sovits.ref_style(spec)
+    def forward(self, spec: Tensor, sv: Tensor | None = None) -> Tensor:
+        return self.sovits.ref_style(spec, sv)
 
 
 class _ExtractLatent(nn.Module):
@@ -325,8 +325,13 @@ def _export_sovits(sovits: SoVITSDecoder, out: Path, opset: int) -> None:
         _export(_SovitsDecode(sovits).eval(), args, out / "sovits_decode.onnx", ["codes", "text", "ge", "noise"],
                 ["wav"], {"codes": {2: "ts"}, "text": {1: "tt"}, "noise": {2: "frames"}, "wav": {2: "samples"}},
                 opset)
-    _export(_RefStyle(sovits).eval(), (torch.rand(1, 1025, 11, generator=g),), out / "ref_style.onnx", ["spec"],
-            ["ge"], {"spec": {0: "b", 2: "tr"}, "ge": {0: "b"}}, opset)
+    spec = (torch.rand(1, 1025, 11, generator=g),)
+    if cfg.is_v2pro:  # v2Pro/v2ProPlus: a second input, the SV features of the same clip
+        _export(_RefStyle(sovits).eval(), (*spec, torch.randn(1, cfg.sv_dim, generator=g)), out / "ref_style.onnx",
+                ["spec", "sv"], ["ge"], {"spec": {0: "b", 2: "tr"}, "sv": {0: "b"}, "ge": {0: "b"}}, opset)
+    else:
+        _export(_RefStyle(sovits).eval(), spec, out / "ref_style.onnx", ["spec"], ["ge"],
+                {"spec": {0: "b", 2: "tr"}, "ge": {0: "b"}}, opset)
     _export(_ExtractLatent(sovits).eval(), (torch.randn(1, SSL_DIM, 13, generator=g),), out / "extract_latent.onnx",
             ["ssl"], ["codes"], {"ssl": {0: "b", 2: "t50"}, "codes": {1: "b", 2: "t25"}}, opset)
 
@@ -343,7 +348,8 @@ def _manifest(gpt: Text2SemanticModel, sovits: SoVITSDecoder, gpt_ckpt: Any, sov
         "gpt": {"dim": c.dim, "heads": c.heads, "layers": c.layers, "head_dim": c.head_dim, "vocab": c.vocab,
                 "eos": c.eos, "phoneme_vocab": c.phoneme_vocab, "pe_positions": int(gpt.pe.shape[0])},
         "sovits": {"gin": s.gin_channels, "inter_channels": s.inter_channels, "hop": s.hop,
-                   "n_symbols": s.n_symbols, "sampling_rate": s.sampling_rate},
+                   "n_symbols": s.n_symbols, "sampling_rate": s.sampling_rate, "version": s.version,
+                   "sv_dim": s.sv_dim},
     }
 
 
@@ -391,7 +397,7 @@ def load_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def quantize_step_int8(folder: str | os.PathLike[str]) -> Path:
-    """ORT dynamic int8 quantisation of the step graph's transformer MatMuls (weights int8 per channel).
+    """ORT dynamic int8 quantisation of the step graph's transformer MatMuls (weights 7-bit int8 per channel).
 
     Embeddings, layer norms, attention products and the output head stay fp32, so the logits keep their range.
     Written once as ``gpt_step.int8.onnx`` next to the fp32 graph.
@@ -411,8 +417,10 @@ def quantize_step_int8(folder: str | os.PathLike[str]) -> Path:
     head = [n.name for n in model.graph.node if n.op_type == "MatMul" and "logits" in _consumers_to_output(model, n)]
     nodes = [n for n in linears if n not in head]
     tmp = out.with_suffix(".tmp.onnx")
+    # reduce_range: 7-bit weights, so no u8 x s8 pair sum saturates the int16 step of AVX2 / AVX-512 (non-VNNI)
+    # kernels; the int32 products are then exact on every CPU and the result does not depend on its ISA.
     quantize_dynamic(str(folder / "gpt_step.onnx"), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
-                     op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes)
+                     reduce_range=True, op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes)
     os.replace(tmp, out)
     return out
 

@@ -1,0 +1,64 @@
+"""The synthesis pipeline, numpy at its edges: text and audio in, 32 kHz float32 chunks out, one sentence at a time.
+
+This is the surface the bot uses. The types and errors load with the package; the pipeline, the caches, the voice
+store and the audio helpers load on first use (module ``__getattr__``), so that a module that only needs a type
+(the config, the store) does not pay for the text front-end, PyAV and diskcache.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from engines import SAMPLE_RATE, EngineError, SpeechError
+from synthesis.types import (
+    LANGUAGES,
+    SPLIT_METHODS,
+    AudioChunk,
+    AudioInputError,
+    BusyError,
+    DeadlineError,
+    SpeechSynthesizer,
+    SynthesisParams,
+    Voice,
+    VoiceNotFound,
+)
+
+if TYPE_CHECKING:
+    from synthesis.audio import StreamEncoder, StreamResampler, encode_audio, read_upload_file, resample
+    from synthesis.cache import SynthesisCache
+    from synthesis.pipeline import Limits, Synthesizer
+    from synthesis.voices import VoiceError, VoiceStore, check_name
+
+__all__ = [
+    # the pipeline and what it is built from (bot/services.py wires them); a voice name's check, before any work
+    "Synthesizer", "Limits", "SynthesisCache", "VoiceStore", "check_name",
+    # what crosses the surface: per-call options, a voice, a chunk of audio, the protocol fakes implement
+    "SynthesisParams", "Voice", "AudioChunk", "SpeechSynthesizer", "LANGUAGES", "SPLIT_METHODS", "SAMPLE_RATE",
+    # errors: the root, and the ones a front-end answers differently (busy, late, no such voice, a voice that
+    # cannot be stored as asked, a bad upload)
+    "SpeechError", "EngineError", "BusyError", "DeadlineError", "VoiceNotFound", "VoiceError", "AudioInputError",
+    # audio at the edges: an upload read from disk (size checked first), resampling and encoding for Discord and
+    # the HTTP formats
+    "read_upload_file", "resample", "StreamResampler", "encode_audio", "StreamEncoder",
+]
+
+_LAZY = {  # name -> the module that defines it, imported on first use
+    "Synthesizer": "synthesis.pipeline", "Limits": "synthesis.pipeline",
+    "SynthesisCache": "synthesis.cache", "VoiceStore": "synthesis.voices", "check_name": "synthesis.voices",
+    "VoiceError": "synthesis.voices",
+    "read_upload_file": "synthesis.audio", "resample": "synthesis.audio", "StreamResampler": "synthesis.audio",
+    "encode_audio": "synthesis.audio", "StreamEncoder": "synthesis.audio",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -4,6 +4,9 @@ One class for every layer that talks to a chat model (the client, the ``/ask`` c
 picks a behaviour: ``ok`` streams ``pieces`` one every ``delay_s``; ``short`` answers ``"Reply N."`` (N counts
 requests); ``empty`` sends no content; ``404`` is a JSON error naming the model; ``not-json`` and ``no-choices``
 send a malformed event; ``stall`` writes ``stall_piece`` and then nothing until :meth:`close` (or 5 s).
+
+:meth:`pace` makes a test decide when each further piece goes out (:meth:`allow`), so that "the first words were
+used while the model was still writing" is a fact of the order of events, not of how fast the machine is.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ STALL_S = 5.0  # longest a stalled reply holds its connection open
 class ChatStandIn:
     """The stand-in server. ``requests`` holds each request body and ``auth`` each Authorization header;
     ``first_piece_at`` / ``finished_at`` are the ``time.monotonic()`` of the current reply's first content piece and
-    of its end (``None`` until then)."""
+    of its end (``None`` until then); ``sent`` counts the current reply's content pieces written so far and
+    ``stalling`` is true while a ``stall`` reply holds its connection open."""
 
     def __init__(self, pieces: list[str], delay_s: float, stall_piece: str = "Hmm") -> None:
         self.pieces = list(pieces)
@@ -35,6 +39,9 @@ class ChatStandIn:
         self.auth: list[str | None] = []
         self.first_piece_at: float | None = None
         self.finished_at: float | None = None
+        self.sent = 0
+        self.stalling = False
+        self._credits: asyncio.Semaphore | None = None  # set by pace(): one per piece after the first
         self.url = ""  # base URL, ``http://127.0.0.1:PORT/v1``
         self._release = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -43,6 +50,16 @@ class ChatStandIn:
     def finished(self) -> bool:
         """The current reply's last piece has been written."""
         return self.finished_at is not None
+
+    def pace(self) -> None:
+        """From now on write a reply's first piece at once and each further one only when :meth:`allow` lets it."""
+        self._credits = asyncio.Semaphore(0)
+
+    def allow(self, pieces: int = 1) -> None:
+        """Let ``pieces`` more pieces out (after :meth:`pace`)."""
+        assert self._credits is not None, "call pace() first"
+        for _ in range(pieces):
+            self._credits.release()
 
     async def start(self) -> ChatStandIn:
         app = web.Application()
@@ -63,6 +80,7 @@ class ChatStandIn:
         self.requests.append(body)
         self.auth.append(request.headers.get("Authorization"))
         self.first_piece_at = self.finished_at = None
+        self.sent = 0
         if self.mode == "404":
             return web.json_response({"error": {"message": f"model '{body['model']}' not found"}}, status=404)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -74,12 +92,19 @@ class ChatStandIn:
         await resp.write(self._event(body, {"role": "assistant", "content": ""}))  # role first, as OpenAI sends
         if self.mode == "stall":
             await resp.write(self._event(body, {"content": self.stall_piece}))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._release.wait(), STALL_S)
+            self.stalling = True
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._release.wait(), STALL_S)
+            finally:
+                self.stalling = False
             return resp
         reply = {"ok": self.pieces, "short": [f"Reply {len(self.requests)}."], "empty": []}[self.mode]
         for piece in reply:
             await asyncio.sleep(self.delay_s)
+            if self._credits is not None and self.sent > 0:
+                await self._credit(self._credits)
+            self.sent += 1  # counted before the write yields, so a reader never sees a piece the count lacks
             await resp.write(self._event(body, {"content": piece}))
             if self.first_piece_at is None:
                 self.first_piece_at = time.monotonic()
@@ -87,6 +112,15 @@ class ChatStandIn:
         self.finished_at = time.monotonic()
         await resp.write(b"data: [DONE]\n\n")
         return resp
+
+    async def _credit(self, credits: asyncio.Semaphore) -> None:
+        """Wait for one allowed piece, or for close() (a paced reply never holds the server's shutdown up)."""
+        take = asyncio.ensure_future(credits.acquire())
+        closing = asyncio.ensure_future(self._release.wait())
+        await asyncio.wait({take, closing}, return_when=asyncio.FIRST_COMPLETED)
+        closing.cancel()
+        if not take.done():
+            take.cancel()
 
     @staticmethod
     def _event(body: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> bytes:

@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.golden import Golden
+from tests.golden import golden_dir as _golden_dir
+
 TESTS_DIR = Path(__file__).resolve().parent
 DATA_DIR = TESTS_DIR / "data"
+# tests/tools/ holds scripts (the golden-variant writer), not tests
+collect_ignore = ["tools"]
 
 
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
     """The conformance data folder: $VOICEBOT_GOLDEN_DIR when set, else tests/data/golden."""
-    return Path(os.environ.get("VOICEBOT_GOLDEN_DIR") or DATA_DIR / "golden")
+    return _golden_dir()
+
+
+@pytest.fixture(scope="session")
+def golden(golden_dir: Path) -> Golden:
+    """The golden data set, read once (arrays, meta.json, the checkpoints' configs): see tests/golden.py."""
+    return Golden(golden_dir)
+
+
+@pytest.fixture(scope="session")
+def golden_onnx_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ONNX export folder per session for the golden models (engines.export keys it by the model files)."""
+    return tmp_path_factory.mktemp("golden-onnx")
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +67,11 @@ def tiny_engine(tiny_models: Path):
 
     cfg = load_config(tiny_models / "config.yaml")
     return load_engine(cfg.engine, cfg.models)
+
+
+@pytest.fixture(scope="session")
+def golden_v2pro_dir() -> Path:
+    """The v2Pro/v2ProPlus conformance data: $VOICEBOT_GOLDEN_V2PRO_DIR when set, else tests/data/golden-v2pro."""
+    import os
+
+    return Path(os.environ.get("VOICEBOT_GOLDEN_V2PRO_DIR") or DATA_DIR / "golden-v2pro")

@@ -43,8 +43,6 @@ __all__ = ["GptConfig", "Text2SemanticModel", "build_random_gpt", "KV_BUCKET"]
 PE_POSITIONS = 4000  # rows of the precomputed sinusoid table (upstream's default size)
 KV_BUCKET = 64  # decode attends over the cache prefix rounded up to a multiple of this many positions
 LN_EPS = 1e-5  # layer-norm epsilon (torch TransformerEncoderLayer default, as upstream)
-REAL_V2 = dict(dim=512, heads=16, layers=24)  # released v2 sizes (s1longer-v2.yaml)
-TINY = dict(dim=96, heads=4, layers=3)  # the golden test model's sizes
 
 
 @dataclass(frozen=True)
@@ -509,14 +507,17 @@ def _layers_runner(device: torch.device) -> Any:
 def build_random_gpt(
     size: str = "real", seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> Text2SemanticModel:
-    """A GPT with the released v2 architecture (``"real"``: 512/16/24) or the golden test's (``"tiny"``: 96/4/3)
-    and seeded random weights, for benchmarks and tests. Vocabularies are the real ones (732 phones, 1025 tokens).
+    """A GPT with seeded random weights, for benchmarks and tests, at one of the random model set's sizes
+    (:data:`engines.gpt_sovits.tiny.GPT_SIZES`): ``"real"`` is the released v2 architecture (512/16/24),
+    ``"tiny"`` the small one ``models make-tiny`` writes. Vocabularies are the real ones (732 phones, 1025 tokens).
     """
-    if size not in ("real", "tiny"):
-        raise ValueError(f"size must be 'real' or 'tiny', got {size!r}")
-    dims = REAL_V2 if size == "real" else TINY
+    from engines.gpt_sovits.tiny import GPT_SIZES  # the one table of the random sizes (imported late: no cycle)
+
+    if size not in GPT_SIZES:
+        raise ValueError(f"size must be one of {sorted(GPT_SIZES)}, got {size!r}")
+    dim, heads, layers = GPT_SIZES[size]
     gen = torch.Generator().manual_seed(seed)
-    model = Text2SemanticModel(GptConfig(**dims))
+    model = Text2SemanticModel(GptConfig(dim=dim, heads=heads, layers=layers))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("alpha"):

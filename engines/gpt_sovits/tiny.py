@@ -44,6 +44,8 @@ MODEL_SET_LAYOUT = {
 }
 N_PHONES = 732  # v2 symbol table
 N_TOKENS = 1025  # 1024 semantic codes + EOS
+# The random model sets' sizes: "real" = the released v2 models, "tiny" = a small set for CI and quick runs (these
+# are this writer's sizes, not the golden conformance data's: tests read those from the data's own configs).
 GPT_SIZES = {"tiny": (96, 4, 3), "real": (512, 16, 24)}  # (width, heads, layers)
 SOVITS_SIZES = {  # (inter=hidden, filter, heads, layers, gin, upsample_initial_channel)
     "tiny": (64, 256, 2, 2, 128, 64),

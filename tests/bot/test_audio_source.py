@@ -138,13 +138,15 @@ async def test_feed_waits_for_space_then_resumes_from_reader_thread() -> None:
     await asyncio.sleep(0.1)
     assert not feeder.done()  # blocked on the full buffer, the loop still runs
     assert src.buffered_s == pytest.approx(0.1, abs=0.001)
+    assert src.first_frame_at is None  # buffered audio is not "first audio": that is the player's first read
+    before_reads = time.monotonic()
     start.set()
     assert await asyncio.wait_for(feeder, 2.0) is True
     src.end()
     await asyncio.to_thread(thread.join, 5.0)
     real = [f for f in reader_frames if f != SILENCE_FRAME]
     assert len(real) == 25
-    assert src.first_frame_at is not None and src.first_frame_at >= src.created_at
+    assert src.first_frame_at is not None and src.first_frame_at >= before_reads
 
 
 async def test_stop_releases_a_waiting_producer() -> None:

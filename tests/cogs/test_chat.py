@@ -10,7 +10,6 @@ import asyncio
 import dataclasses
 import socket
 import sys
-import time
 from typing import Any
 
 import discord
@@ -24,8 +23,10 @@ from tests.chat_standin import ChatStandIn
 from tests.cogs.test_voices import last_reply
 
 PIECES = ["The sky", " is blue", " because air", " scatters", " blue light", " the most.", " Sunsets", " are red."]
-PIECE_DELAY_S = 0.12  # seconds between streamed pieces (the whole reply takes ~1 s)
-EDIT_S = 0.3  # the edit interval the tests run with (the shipped one is 1 s)
+PIECE_DELAY_S = 0.02  # seconds between streamed pieces
+# The edit interval the tests run with: longer than any test, so a growing reply is edited once when its first words
+# come and once more when it is complete, whatever the machine's speed (the shipped interval is 1 s).
+EDIT_S = 600.0
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def config(tmp_path, standin):
 
 
 @pytest.fixture
-def fast_edits(monkeypatch):
+def long_edit_interval(monkeypatch):
     # load_extension gives the cog a fresh module object: patch the one it runs in
     monkeypatch.setattr(sys.modules["cogs.chat"], "EDIT_INTERVAL_S", EDIT_S)
 
@@ -57,8 +58,11 @@ def edits_of(h, token: str) -> list:
     return [c for c in h.adapter.for_token(token) if c.method == "PATCH"]
 
 
-def record_speech(h, standin: ChatStandIn) -> list[tuple[str, bool]]:
-    """Wrap say_stream: each piece speech receives, with whether the stand-in had finished writing by then."""
+def record_speech(h, standin: ChatStandIn, *, release_from: int | None = None) -> list[tuple[str, bool]]:
+    """Wrap say_stream: each piece speech receives, with whether the stand-in had finished writing by then.
+
+    With ``release_from``, speech receiving piece ``k >= release_from`` lets a paced stand-in write the next one.
+    """
     got: list[tuple[str, bool]] = []
     speech = h.services.speech
     original = speech.say_stream
@@ -67,6 +71,8 @@ def record_speech(h, standin: ChatStandIn) -> list[tuple[str, bool]]:
         async def watched():
             async for piece in pieces:
                 got.append((piece, standin.finished))
+                if release_from is not None and len(got) > release_from:
+                    standin.allow()
                 yield piece
         return await original(guild, member, watched(), voice=voice)
 
@@ -83,20 +89,26 @@ def dead_url() -> str:
 
 # ---- /ask prompt ---------------------------------------------------------------------------------------------------
 
-async def test_ask_speaks_the_first_piece_and_edits_while_the_model_writes(harness, standin, fast_edits):
+async def test_ask_speaks_the_first_piece_and_edits_while_the_model_writes(harness, standin, long_edit_interval):
     h = harness
     voice = h.services.synthesizer.voices.add("alice-voice", ALICE)
-    heard = record_speech(h, standin)
-    edit_times: list[tuple[float, bool]] = []
+    # Paced by events: the model writes its second piece once the reply has been edited to show the first, and
+    # each later one once speech has received the one before it. So the first edit and the first spoken words
+    # happen while the model is still writing, by construction; a cog that waited for the whole reply would stall.
+    standin.pace()
+    heard = record_speech(h, standin, release_from=1)
+    edits: list[tuple[int, bool]] = []  # at each edit: pieces the model had written, whether it had finished
     request = h.adapter.request
 
-    async def timed(route, *a, **kw):
+    async def recorded(route, *a, **kw):
         if route.method == "PATCH":
-            edit_times.append((time.monotonic(), standin.finished))
+            edits.append((standin.sent, standin.finished))
+            if len(edits) == 1:
+                standin.allow()
         return await request(route, *a, **kw)
 
-    h.adapter.request = timed
-    token = await h.slash("ask prompt", ALICE, text="Why is the sky blue?")
+    h.adapter.request = recorded
+    token = await asyncio.wait_for(h.slash("ask prompt", ALICE, text="Why is the sky blue?"), 10)
 
     calls = h.adapter.for_token(token)
     assert calls[0].payload == {"type": 5}  # deferred in public: the reply is for the channel
@@ -106,11 +118,9 @@ async def test_ask_speaks_the_first_piece_and_edits_while_the_model_writes(harne
     assert heard[0] == (PIECES[0], False)  # speech had the first words while the model was still writing
     full = "".join(PIECES)
     assert h.adapter.original_content(token) == f"> Why is the sky blue?\n{full}"
-    # the message grew while the model wrote, at most one edit per EDIT_S, plus the final edit
-    assert edit_times[0][1] is False and edit_times[-1][1] is True
-    assert 2 <= len(edit_times) < len(PIECES)
-    gaps = [b[0] - a[0] for a, b in zip(edit_times[:-2], edit_times[1:-1])]
-    assert all(g >= 0.9 * EDIT_S for g in gaps), gaps
+    # the message grew while the model wrote (its first piece shown at once), then no edit until the interval
+    # passed or the reply was complete: one edit with the first words, one with all of them
+    assert edits == [(1, False), (len(PIECES), True)]
     assert standin.requests[0]["messages"] == [{"role": "system", "content": "Be brief."},
                                                {"role": "user", "content": "Why is the sky blue?"}]
 
@@ -184,7 +194,7 @@ async def test_garbage_from_the_endpoint_gives_a_clear_message(harness, standin)
     assert ephemeral and "is not an OpenAI-compatible chat stream" in text and "chat.base_url" in text
 
 
-async def test_a_slow_endpoint_is_cut_off_and_never_blocks_other_speech(harness, standin, fast_edits):
+async def test_a_slow_endpoint_is_cut_off_and_never_blocks_other_speech(harness, standin, long_edit_interval):
     h = harness
     standin.mode = "stall"
     chat = h.bot.get_cog("ChatCog")._own_client
@@ -254,9 +264,20 @@ def mention(h, author: int, content: str, mentions: list[int]) -> discord.Messag
     return discord.Message(state=h.state, channel=h.guild.get_channel(TEXT_ID), data=data)
 
 
-async def test_mentions_are_answered_only_where_the_guild_allows(harness, standin, channel_rest, fast_edits):
+async def test_mentions_are_answered_only_where_the_guild_allows(harness, standin, channel_rest,
+                                                                 long_edit_interval, monkeypatch):
     h = harness
     cog = h.bot.get_cog("ChatCog")
+    standin.pace()  # the model writes the rest of its reply once the message shows its first piece
+    edit = h.bot.http.edit_message
+
+    async def edit_then_release(channel_id, message_id, *, params):
+        result = await edit(channel_id, message_id, params=params)
+        if [kind for kind, _, _ in channel_rest].count("edit") == 1:
+            standin.allow(len(PIECES))
+        return result
+
+    monkeypatch.setattr(h.bot.http, "edit_message", edit_then_release)
     question = mention(h, ALICE, f"<@{BOT_ID}> is <@{BOB}> right about the sky?", [BOT_ID, BOB])
     await cog.on_message(question)  # mention_chat is off by default
     assert channel_rest == [] and standin.requests == []
@@ -267,9 +288,8 @@ async def test_mentions_are_answered_only_where_the_guild_allows(harness, standi
     await cog.on_message(question)
     assert standin.requests[0]["messages"][-1] == {"role": "user", "content": "is @Bob right about the sky?"}
     (mid,) = {m for _, m, _ in channel_rest}
-    assert channel_rest[0] == ("send", mid, "…")  # at once, replaced by the model's words as they come
-    assert channel_rest[-1] == ("edit", mid, "".join(PIECES))
-    assert 2 <= len(channel_rest) - 1 < len(PIECES)
+    # "…" at once, replaced by the model's first words, then (the edit interval not yet over) by the whole reply
+    assert channel_rest == [("send", mid, "…"), ("edit", mid, PIECES[0]), ("edit", mid, "".join(PIECES))]
     assert h.services.speech.calls == [("say_stream", ALICE, None)]
     await asyncio.wait_for(h.services.speech.consumers[0], 2)
     assert "".join(h.services.speech.streams[0]) == "".join(PIECES)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from tests.standin.server import Standin
 SEED = 1234  # fixed synthesis seed: solo and concurrent runs of one text and voice give identical samples
 READY_TIMEOUT_S = 10.0  # login + READY + command sync; generous for a loaded 2-core machine
 GUILD_READY_TIMEOUT_S = 0.05  # the stand-in sends every GUILD_CREATE right after READY
+HOLD_TIMEOUT_S = 15.0  # longest a held stream waits for its condition (then ``held`` is False and the test fails)
 COMMANDS = ("join", "leave", "say", "skip", "clear", "Speak with my voice", "voice", "forget-me", "settings", "set",
             "phrases", "ask")
 WARMUP_TEXT = "Warm up the text front end. And the models as well."
@@ -56,7 +57,8 @@ class StreamRecord:
     ``text`` is the whole text (a string request) or the pieces joined (a streamed request); ``pieces`` holds the
     streamed pieces with their arrival times. ``chunks`` holds each sentence's audio with the ``time.monotonic()``
     at which the real pipeline handed it over (the sentence was synthesized by then). ``completed``: the real stream
-    ran to its end; ``closed_at``: when the consumer closed it (end, skip or error).
+    ran to its end; ``closed_at``: when the consumer closed it (end, skip or error). ``held``: with
+    ``RecordingSynthesizer.hold`` set, whether its condition came true while the stream held its second chunk back.
     """
 
     text: str
@@ -67,6 +69,7 @@ class StreamRecord:
     chunks: list[tuple[float, AudioChunk]] = field(default_factory=list)
     completed: bool = False
     closed_at: float | None = None
+    held: bool | None = None
 
     @property
     def sentences(self) -> list[str]:
@@ -90,12 +93,16 @@ class RecordingSynthesizer:
     """Delegates everything to the real :class:`synthesis.pipeline.Synthesizer`; records what ``stream`` sees.
 
     Only an observer: the chunks are the real pipeline's, passed through unchanged and in order, and closing the
-    wrapper closes the real stream (so skips still stop model work).
+    wrapper closes the real stream (so skips still stop model work). With ``hold`` set (a condition), each stream
+    hands its first chunk over and then holds the second back until the condition is true (at most
+    ``HOLD_TIMEOUT_S``), so a test orders events ("playback started before the rest was synthesized") instead of
+    timing them.
     """
 
     def __init__(self, real: Any) -> None:
         self.real = real
         self.streams: list[StreamRecord] = []
+        self.hold: Callable[[], bool] | None = None
         self._changed = asyncio.Event()
 
     def __getattr__(self, name: str) -> Any:
@@ -123,6 +130,8 @@ class RecordingSynthesizer:
         """Pass chunks through, noting when each sentence arrived; close the real stream with this one."""
         try:
             async for chunk in inner:
+                if self.hold is not None and len(record.chunks) == 1:
+                    record.held = await self._holds(self.hold)
                 record.chunks.append((time.monotonic(), chunk))
                 self._touch()
                 yield chunk
@@ -135,6 +144,14 @@ class RecordingSynthesizer:
     def _touch(self) -> None:
         """Wake waiters."""
         self._changed.set()
+
+    async def _holds(self, condition: Callable[[], bool]) -> bool:
+        """Wait until ``condition()`` (True) or HOLD_TIMEOUT_S (False)."""
+        try:
+            await self._until(condition, HOLD_TIMEOUT_S, "the hold condition")
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     async def wait_streams(self, count: int, timeout: float = 10.0) -> list[StreamRecord]:
         """Wait until ``count`` streams have been opened; returns them all."""

@@ -16,6 +16,7 @@ from engines.gpt_sovits.checkpoint import (
     load_gpt_checkpoint,
     load_sovits_checkpoint,
 )
+from tests.golden import Golden
 
 
 class _Payload:
@@ -44,32 +45,38 @@ def _sovits_like(extra: dict | None = None, symbols: int = 732) -> dict:
 
 
 @pytest.mark.conformance
-def test_golden_gpt_loads(golden_dir: Path) -> None:
-    ckpt = load_gpt_checkpoint(golden_dir / "gpt_tiny_v2.ckpt")
-    assert ckpt.info == "GPT-e1"
-    assert len(ckpt.state_dict) == 43
+def test_golden_gpt_loads(golden: Golden) -> None:
+    """The loader's view of the GPT file agrees with meta.json (written by the generator from the file itself)."""
+    ckpt = load_gpt_checkpoint(golden.gpt_path)
+    meta, model = golden.meta["gpt"], golden.meta["gpt"]["config_model"]
+    assert ckpt.config["model"] == model
+    assert ckpt.info.startswith("GPT-e")
+    assert len(ckpt.state_dict) == golden.gpt_n_tensors
     assert not any(k.startswith("model.") for k in ckpt.state_dict)
-    assert ckpt.state_dict["ar_text_embedding.word_embeddings.weight"].shape == (732, 96)
-    assert ckpt.state_dict["h.layers.2.self_attn.in_proj_weight"].dtype == torch.float16
-    assert ckpt.config["model"]["n_layer"] == 3 and ckpt.config["model"]["head"] == 4
-    assert ckpt.config["data"]["max_sec"] == 54
-    assert sum(t.numel() for t in ckpt.state_dict.values()) == 700994
+    assert {k.removeprefix("model.") for k in meta["state_dict_keys_sample"]} <= set(ckpt.state_dict)
+    dim, last = model["embedding_dim"], model["n_layer"] - 1
+    assert ckpt.state_dict["ar_text_embedding.word_embeddings.weight"].shape == (model["phoneme_vocab_size"], dim)
+    assert ckpt.state_dict["ar_predict_layer.weight"].shape == (model["vocab_size"], dim)
+    assert ckpt.state_dict[f"h.layers.{last}.self_attn.in_proj_weight"].dtype == torch.float16
+    assert ckpt.config["data"]["max_sec"] == meta["max_sec"]
+    assert sum(t.numel() for t in ckpt.state_dict.values()) == golden.gpt_n_params
 
 
 @pytest.mark.conformance
-def test_golden_sovits_loads_pickled_hparams(golden_dir: Path) -> None:
-    path = golden_dir / "sovits_tiny_v2.pth"
+def test_golden_sovits_loads_pickled_hparams(golden: Golden) -> None:
+    path = golden.sovits_path
     before = path.read_bytes()
     ckpt = load_sovits_checkpoint(path)
     assert path.read_bytes() == before
-    assert ckpt.version == "v2" and ckpt.info == "1epoch_100iteration"
+    meta = golden.meta["sovits"]
+    assert meta["config_type"] == "utils.HParams"  # the file's config is a pickled HParams, as fine-tuned files
+    assert ckpt.version == "v2" and ckpt.info == meta["info"]
     assert type(ckpt.config) is dict and type(ckpt.config["model"]) is dict and type(ckpt.config["data"]) is dict
-    assert ckpt.config["model"]["gin_channels"] == 128
-    assert ckpt.config["model"]["resblock_dilation_sizes"] == [[1, 3, 5]] * 3
-    assert ckpt.config["data"]["hop_length"] == 640
+    assert ckpt.config["model"] == meta["config_model"] and ckpt.config["data"] == meta["config_data"]
     assert not any("enc_q" in k for k in ckpt.state_dict)
-    assert sum(t.numel() for t in ckpt.state_dict.values()) == 5245609
-    assert ckpt.state_dict["enc_p.text_embedding.weight"].shape == (732, 64)
+    assert sum(t.numel() for t in ckpt.state_dict.values()) == golden.sovits_n_params
+    assert ckpt.state_dict["enc_p.text_embedding.weight"].shape == (golden.n_symbols,
+                                                                    meta["config_model"]["hidden_channels"])
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
@@ -101,26 +108,31 @@ def test_booby_trapped_tagged_file_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("magic", "name"),
-    [(b"05", "v2Pro files"), (b"06", "v2ProPlus files"), (b"03", "v3 LoRA files"), (b"04", "v4 LoRA files")],
+    ("magic", "match"),
+    [(b"05", "tagged as a v2Pro file but it lacks the v2Pro weights"),  # v2Pro is supported; a v2 file is not one
+     (b"06", "tagged as a v2ProPlus file but it lacks the v2ProPlus weights"),
+     (b"03", "v3 LoRA files are not supported yet; use a v2 model"),
+     (b"04", "v4 LoRA files are not supported yet; use a v2 model")],
 )
-def test_version_magic_refused_and_file_unchanged(golden_dir: Path, tmp_path: Path, magic: bytes, name: str) -> None:
+def test_version_magic_refused_and_file_unchanged(golden: Golden, tmp_path: Path, magic: bytes, match: str) -> None:
     path = tmp_path / "tagged.pth"
-    data = bytearray((golden_dir / "sovits_tiny_v2.pth").read_bytes())
+    data = bytearray(golden.sovits_path.read_bytes())
     data[:2] = magic
     path.write_bytes(bytes(data))
-    with pytest.raises(ModelFormatError, match=f"{name} are not supported yet; use a v2 model"):
+    with pytest.raises(ModelFormatError, match=match):
         load_sovits_checkpoint(path)
     assert path.read_bytes() == bytes(data)
 
 
-def test_v2_tag_loads_in_memory_only(golden_dir: Path, tmp_path: Path) -> None:
+def test_v2_tag_loads_in_memory_only(golden: Golden, tmp_path: Path) -> None:
     path = tmp_path / "tagged_v2.pth"
-    data = bytearray((golden_dir / "sovits_tiny_v2.pth").read_bytes())
+    data = bytearray(golden.sovits_path.read_bytes())
     data[:2] = b"01"
     path.write_bytes(bytes(data))
     ckpt = load_sovits_checkpoint(path)
-    assert ckpt.version == "v2" and len(ckpt.state_dict) == 529
+    untagged = golden.sovits_checkpoint
+    assert ckpt.version == "v2" and ckpt.state_dict.keys() == untagged.state_dict.keys()
+    assert all(torch.equal(ckpt.state_dict[k], v) for k, v in untagged.state_dict.items())
     assert path.read_bytes()[:2] == b"01"
 
 
@@ -129,7 +141,7 @@ def test_v2_tag_loads_in_memory_only(golden_dir: Path, tmp_path: Path) -> None:
     [
         (_sovits_like(symbols=322), "v1 SoVITS model"),
         (_sovits_like({"cfm.proj.weight": torch.zeros(2)}), "v3/v4 SoVITS models are not supported"),
-        (_sovits_like({"sv_emb.weight": torch.zeros(2)}), "v2Pro files are not supported yet; use a v2 model"),
+        (_sovits_like({"sv_emb.weight": torch.zeros(2)}), r"has some v2Pro weights \(sv_emb.weight\) but lacks"),
         ({**_sovits_like(), "lora_rank": 32}, "LoRA"),
         (_gpt_like(), "GPT model .*not a SoVITS"),
     ],
@@ -156,8 +168,8 @@ def test_unsupported_gpt_refused(tmp_path: Path, body: dict, match: str) -> None
         load_gpt_checkpoint(path)
 
 
-def test_damaged_files_refused(golden_dir: Path, tmp_path: Path) -> None:
-    good = (golden_dir / "gpt_tiny_v2.ckpt").read_bytes()
+def test_damaged_files_refused(golden: Golden, tmp_path: Path) -> None:
+    good = golden.gpt_path.read_bytes()
     cases = {
         "empty.ckpt": (b"", "is empty"),
         "junk.ckpt": (b"<html>404 Not Found</html>", "not a PyTorch checkpoint"),
@@ -174,9 +186,9 @@ def test_damaged_files_refused(golden_dir: Path, tmp_path: Path) -> None:
         load_gpt_checkpoint(tmp_path / "missing.ckpt")
 
 
-def test_file_fingerprint(golden_dir: Path, tmp_path: Path) -> None:
+def test_file_fingerprint(golden: Golden, tmp_path: Path) -> None:
     path = tmp_path / "g.ckpt"
-    shutil.copy(golden_dir / "gpt_tiny_v2.ckpt", path)
+    shutil.copy(golden.gpt_path, path)
     expected = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     assert file_fingerprint(path) == expected
     assert file_fingerprint(str(path)) == expected

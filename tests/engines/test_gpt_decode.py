@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,37 +12,40 @@ import torch
 from engines.base import EngineError, ModelFormatError, SamplingParams, SemanticRequest, VoicePrompt
 from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
 from engines.gpt_sovits.generate import BatchDecoder, CudaGraphStep, generate
-from engines.gpt_sovits.gpt import Text2SemanticModel, build_random_gpt
+from engines.gpt_sovits.gpt import KV_BUCKET, Text2SemanticModel, build_random_gpt
 from engines.gpt_sovits.naive import naive_generate
+from engines.gpt_sovits.tiny import GPT_SIZES, gpt_state_dict
+from tests.golden import Golden
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SAMPLED = dict(top_k=15, top_p=1.0, temperature=1.0, repetition_penalty=1.35)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The tiny model is fastest on one thread, and one thread is robust on a busy shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+@pytest.fixture(scope="module")
+def model(golden: Golden) -> Text2SemanticModel:
+    return Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(golden.gpt_path))
 
 
 @pytest.fixture(scope="module")
-def model(golden_dir: Path) -> Text2SemanticModel:
-    return Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(golden_dir / "gpt_tiny_v2.ckpt"))
+def inputs(golden: Golden) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Four requests of different lengths: (all phones, BERT, prompt tokens); the last is reference-free.
 
-
-@pytest.fixture(scope="module")
-def inputs(golden_dir: Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Four requests of different lengths: (all phones, BERT, prompt tokens); the last is reference-free."""
-    with np.load(golden_dir / "gpt_io.npz") as f:
-        ph, bert, prompt = f["phone_ids"][0], f["bert_feature"][0], f["prompt_semantic"][0]
+    Cut from the golden inputs by fractions, so any golden set gives four distinct requests."""
+    ph, bert, prompt = golden.phones, golden.bert, golden.prompt_tokens
+    n, a, b = golden.n_prompt_phones, 3 * len(ph) // 4, len(ph) // 8 or 1
+    p, q = 5 * len(prompt) // 8, len(prompt) // 8 or 1
     return [
         (ph, bert, prompt),
-        (ph[:17], bert[:, :17], prompt[:25]),
-        (ph[3:], bert[:, 3:], prompt[5:]),
-        (ph[9:], bert[:, 9:], np.zeros(0, np.int64)),
+        (ph[:a], bert[:, :a], prompt[:p]),
+        (ph[b:], bert[:, b:], prompt[q:]),
+        (ph[n:], bert[:, n:], np.zeros(0, np.int64)),
     ]
+
+
+def _kv_len(positions: int) -> int:
+    """The decoder's bucketed attention length covering ``positions`` cache entries."""
+    return -(-positions // KV_BUCKET) * KV_BUCKET
 
 
 def _solo(model: Text2SemanticModel, inp, params: SamplingParams) -> np.ndarray:
@@ -97,14 +99,14 @@ def test_continuous_join_and_slot_reuse_equal_solo(model, inputs) -> None:
         np.testing.assert_array_equal(results[i], solo[i])
 
 
-def test_greedy_batched_generate_equals_solo_and_naive(model, inputs) -> None:
+def test_greedy_batched_generate_equals_solo_and_naive(model, inputs, golden: Golden) -> None:
     params = SamplingParams(top_k=1, early_stop_num=45)
+    ge = golden.ge  # the GPT never reads the style; any voice's will do
     def voice(n: int, inp) -> VoicePrompt:
-        return VoicePrompt(inp[2], np.zeros((128, 1), np.float32), inp[0][:n], inp[1][:, :n])
+        return VoicePrompt(inp[2], ge, inp[0][:n], inp[1][:, :n])
 
     reqs = [SemanticRequest(inp[0][5:], inp[1][:, 5:], voice(5, inp), params) for inp in inputs[:3]]
-    reqs.append(SemanticRequest(inputs[3][0], inputs[3][1], VoicePrompt(np.zeros(0, np.int64), np.zeros((128, 1)),
-                np.zeros(0, np.int64), np.zeros((1024, 0), np.float32)), params))
+    reqs.append(SemanticRequest(inputs[3][0], inputs[3][1], golden.free_voice(), params))
     batched = generate(model, reqs)
     one_by_one = [generate(model, [r])[0] for r in reqs]
     naive = [naive_generate(model, *inp, params) for inp in inputs]
@@ -124,9 +126,12 @@ def test_sync_interval_does_not_change_tokens(model, inputs, sync_every: int) ->
     np.testing.assert_array_equal(results["r"], expected)
 
 
-def test_early_stop_quirk_matches_naive(model, inputs) -> None:
+def test_early_stop_quirk_matches_naive(model, inputs, golden: Golden) -> None:
     """Stopped by early_stop_num (no EOS): upstream keeps the last sample and drops the first generated token."""
-    for esn in (0, 4, 12):
+    greedy = golden.greedy.get("rp135") or next(iter(golden.greedy.values()))
+    # limits below the golden greedy run's EOS step (inputs[0] with default rp 1.35 is that run)
+    limits = sorted({0, 4, min(12, len(greedy.generated) - 1)}) if greedy.repetition_penalty == 1.35 else [0, 4]
+    for esn in limits:
         params = SamplingParams(top_k=1, early_stop_num=esn)
         out = _solo(model, inputs[0], params)
         np.testing.assert_array_equal(out, naive_generate(model, *inputs[0], params))
@@ -155,9 +160,10 @@ def test_cancel_frees_slot_and_leaves_others_exact(model, inputs) -> None:
     np.testing.assert_array_equal(results["c"], solo2)
 
 
-def test_generate_should_stop_and_chunks(model, inputs) -> None:
-    voice = VoicePrompt(inputs[0][2], np.zeros((128, 1), np.float32), inputs[0][0][:9], inputs[0][1][:, :9])
-    reqs = [SemanticRequest(inputs[0][0][9:], inputs[0][1][:, 9:], voice, SamplingParams(**SAMPLED, seed=s))
+def test_generate_should_stop_and_chunks(model, inputs, golden: Golden) -> None:
+    n = golden.n_prompt_phones
+    voice = golden.voice()
+    reqs = [SemanticRequest(inputs[0][0][n:], inputs[0][1][:, n:], voice, SamplingParams(**SAMPLED, seed=s))
             for s in (1, 2)]
     chunks: dict[int, list[np.ndarray]] = {0: [], 1: []}
     calls = {"n": 0}
@@ -175,15 +181,17 @@ def test_generate_should_stop_and_chunks(model, inputs) -> None:
 
 def test_decode_step_slot_gather_equals_view(model, inputs) -> None:
     ph, bert, prompt = inputs[0]
+    cut = len(prompt) - 2  # two rows of different lengths
+    kv = _kv_len(len(ph) + len(prompt) + 1)
     with torch.inference_mode():
-        model.setup_caches(3, 256)
+        model.setup_caches(3, kv)
         for slot in (0, 2):
-            model.prefill(slot, torch.as_tensor(ph), torch.as_tensor(bert), torch.as_tensor(prompt[: 30 + slot]))
+            model.prefill(slot, torch.as_tensor(ph), torch.as_tensor(bert), torch.as_tensor(prompt[: cut + slot]))
         m2 = copy.deepcopy(model)
-        pos = torch.tensor([len(ph) + 30, 0, len(ph) + 32])
+        pos = torch.tensor([len(ph) + cut, 0, len(ph) + cut + 2])
         toks = torch.tensor([5, 0, 9])
-        by_view = model.decode_step(toks, pos, None, 128)
-        by_gather = m2.decode_step(toks[[0, 2]], pos[[0, 2]], torch.tensor([0, 2]), 128)
+        by_view = model.decode_step(toks, pos, None, kv)
+        by_gather = m2.decode_step(toks[[0, 2]], pos[[0, 2]], torch.tensor([0, 2]), kv)
     torch.testing.assert_close(by_gather, by_view[[0, 2]], atol=1e-5, rtol=0)
 
 
@@ -199,14 +207,15 @@ def test_python_layer_loop_equals_scripted(model, inputs, precision: str, monkey
             base.quantize_int8()
     ph, bert, prompt = inputs[1]
     start = len(ph) + len(prompt)
+    kv = _kv_len(start + 7)
 
     def run(m: Text2SemanticModel) -> torch.Tensor:
         with torch.inference_mode():
-            m.setup_caches(2, 256)
+            m.setup_caches(2, kv)
             m.prefill(1, torch.as_tensor(ph), torch.as_tensor(bert), torch.as_tensor(prompt))
-            steps = [m.decode_step(torch.tensor([0, 7 + i]), torch.tensor([0, start + i]), None, 128)
+            steps = [m.decode_step(torch.tensor([0, 7 + i]), torch.tensor([0, start + i]), None, kv)
                      for i in range(6)]
-            steps.append(m.decode_step(torch.tensor([3]), torch.tensor([start + 6]), torch.tensor([1]), 128))
+            steps.append(m.decode_step(torch.tensor([3]), torch.tensor([start + 6]), torch.tensor([1]), kv))
         return torch.cat([s[-1:] for s in steps])
 
     scripted = run(copy.deepcopy(base))
@@ -225,12 +234,14 @@ def test_without_torchscript_the_python_loop_decodes(model, inputs, monkeypatch,
 
     ph, bert, prompt = inputs[0]
 
+    start = len(ph) + len(prompt)
+    kv = _kv_len(start + 3)
+
     def first_steps(m: Text2SemanticModel) -> torch.Tensor:
         with torch.inference_mode():
-            m.setup_caches(1, 256)
+            m.setup_caches(1, kv)
             m.prefill(0, torch.as_tensor(ph), torch.as_tensor(bert), torch.as_tensor(prompt))
-            start = len(ph) + len(prompt)
-            return torch.stack([m.decode_step(torch.tensor([5 + i]), torch.tensor([start + i]), None, 128)[0]
+            return torch.stack([m.decode_step(torch.tensor([5 + i]), torch.tensor([start + i]), None, kv)[0]
                                 for i in range(3)])
 
     scripted = first_steps(copy.deepcopy(model))
@@ -251,10 +262,13 @@ def test_without_torchscript_the_python_loop_decodes(model, inputs, monkeypatch,
 
 
 def test_request_too_long_for_cache(model, inputs) -> None:
-    dec = BatchDecoder(model, 1, 128)
+    prefix = len(inputs[0][0]) + len(inputs[0][2])
+    dec = BatchDecoder(model, 1, prefix + 31)
     with pytest.raises(EngineError, match="raise max_len"):
         dec.add("x", *inputs[0], SamplingParams(early_stop_num=-1))
-    dec.add("y", *inputs[0], SamplingParams(top_k=1, early_stop_num=30))  # 23 + 40 + 31 positions fit
+    with pytest.raises(EngineError, match="raise max_len"):
+        dec.add("x", *inputs[0], SamplingParams(early_stop_num=31))
+    dec.add("y", *inputs[0], SamplingParams(top_k=1, early_stop_num=30))  # phones + prompt + 31 steps fit exactly
 
 
 def test_int8_logits_close_to_fp32(model, inputs) -> None:
@@ -272,30 +286,34 @@ def test_int8_logits_close_to_fp32(model, inputs) -> None:
     assert err > 0  # it really is a different (quantised) computation
 
 
-def test_from_checkpoint_is_strict(golden_dir: Path) -> None:
-    ckpt = load_gpt_checkpoint(golden_dir / "gpt_tiny_v2.ckpt")
+def test_from_checkpoint_is_strict(golden: Golden) -> None:
+    ckpt = load_gpt_checkpoint(golden.gpt_path)
     broken = dict(ckpt.state_dict)
-    del broken["h.layers.1.norm2.bias"]
-    broken["ar_predict_layer.weight"] = broken["ar_predict_layer.weight"][:, :64]
-    with pytest.raises(ModelFormatError, match="missing.*h.layers.1.norm2.bias.*ar_predict_layer.weight"):
+    last = f"h.layers.{golden.gpt_config['n_layer'] - 1}.norm2.bias"
+    del broken[last]
+    head = broken["ar_predict_layer.weight"]
+    broken["ar_predict_layer.weight"] = head[:, : head.shape[1] // 2]
+    with pytest.raises(ModelFormatError, match=f"missing.*{last}.*ar_predict_layer.weight"):
         Text2SemanticModel.from_checkpoint(type(ckpt)(broken, ckpt.config, ckpt.info))
     with pytest.raises(ValueError, match="fp32, fp16 or bf16, got torch.float64"):
         Text2SemanticModel.from_checkpoint(ckpt, "cpu", torch.float64)
 
 
 def test_build_random_gpt_sizes() -> None:
+    """build_random_gpt("tiny") is the model set's tiny GPT (``models make-tiny``): same sizes, same tensors."""
     tiny = build_random_gpt("tiny", seed=1)
-    assert sum(p.numel() for p in tiny.parameters()) == 700994  # same as the golden tiny file
-    cfg = build_random_gpt("tiny", seed=1).config
-    assert (cfg.dim, cfg.heads, cfg.layers, cfg.phoneme_vocab, cfg.vocab) == (96, 4, 3, 732, 1025)
+    cfg = tiny.config
+    assert (cfg.dim, cfg.heads, cfg.layers) == GPT_SIZES["tiny"]
+    assert (cfg.phoneme_vocab, cfg.vocab) == (732, 1025)  # the real v2 vocabularies
+    assert sum(p.numel() for p in tiny.parameters()) == sum(t.numel() for t in gpt_state_dict("tiny", 1).values())
     with pytest.raises(ValueError):
         build_random_gpt("huge")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_fp32_greedy_matches_cpu(golden_dir: Path, inputs) -> None:
-    ckpt = load_gpt_checkpoint(golden_dir / "gpt_tiny_v2.ckpt")
+def test_cuda_fp32_greedy_matches_cpu(golden: Golden, inputs) -> None:
+    ckpt = golden.gpt_checkpoint
     cpu = Text2SemanticModel.from_checkpoint(ckpt)
     gpu = Text2SemanticModel.from_checkpoint(ckpt, "cuda", torch.float32)
     params = SamplingParams(top_k=1, early_stop_num=40)
@@ -306,8 +324,8 @@ def test_cuda_fp32_greedy_matches_cpu(golden_dir: Path, inputs) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_cuda_graph_replay_equals_eager(golden_dir: Path, inputs, dtype: torch.dtype) -> None:
-    ckpt = load_gpt_checkpoint(golden_dir / "gpt_tiny_v2.ckpt")
+def test_cuda_graph_replay_equals_eager(golden: Golden, inputs, dtype: torch.dtype) -> None:
+    ckpt = golden.gpt_checkpoint
     results = []
     for use_graphs in (False, True):
         gpu = Text2SemanticModel.from_checkpoint(ckpt, "cuda", dtype)

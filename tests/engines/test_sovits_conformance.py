@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from torch.nn.utils import parametrize
@@ -10,13 +9,14 @@ from torch.nn.utils import parametrize
 from engines.base import ModelFormatError
 from engines.gpt_sovits.checkpoint import SovitsCheckpoint, load_sovits_checkpoint
 from engines.gpt_sovits.sovits import SoVITSDecoder, mean_style
+from tests.golden import Golden
 
 ATOL = 1e-4  # README: upstream fp32 vs fp64 differ by 1.8e-6
 
 
 @pytest.fixture(scope="module")
-def ckpt(golden_dir) -> SovitsCheckpoint:
-    return load_sovits_checkpoint(golden_dir / "sovits_tiny_v2.pth")
+def ckpt(golden: Golden) -> SovitsCheckpoint:
+    return load_sovits_checkpoint(golden.sovits_path)
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +25,8 @@ def model(ckpt) -> SoVITSDecoder:
 
 
 @pytest.fixture(scope="module")
-def io(golden_dir) -> dict[str, torch.Tensor]:
-    g = np.load(golden_dir / "sovits_io.npz")
-    return {k: torch.from_numpy(g[k]) for k in g.files}
+def io(golden: Golden) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v) for k, v in golden.sovits_io.items()}
 
 
 def _close(a: torch.Tensor, ref: torch.Tensor) -> None:
@@ -69,24 +68,27 @@ def test_wav_noise_free(model, io):
     codes, text = _inputs(io)
     ge = model.ref_style(io["refer_spec"])
     wav = model.decode(codes, text, ge, noise_scale=0.0)
-    assert wav.shape == (1, 1, 37 * 1280)
+    assert wav.shape == (1, 1, codes.shape[-1] * 2 * model.cfg.hop)  # 2 latent frames of hop samples per token
     _close(wav, io["wav_ns0"])
 
 
 @torch.inference_mode()
-def test_wav_with_stored_noise(model, io):
+def test_wav_with_stored_noise(model, io, golden: Golden):
     codes, text = _inputs(io)
-    wav = model.decode(codes, text, io["ge"], noise_scale=0.5, eps=io["eps"])
-    _close(wav, io["wav_ns05_eps"])
+    assert golden.noise_cases
+    for case, noise in golden.noise_cases.items():
+        _close(model.decode(codes, text, io["ge"], noise_scale=noise, eps=io["eps"]), io[case])
 
 
 @torch.inference_mode()
-def test_speed(model, io):
+def test_speed(model, io, golden: Golden):
     codes, text = _inputs(io)
-    _, m_p, _ = model.encode_prior(codes, text, io["ge"], speed=1.25)
-    assert m_p.shape[-1] == int(74 / 1.25) + 1
-    _close(m_p, io["m_p_speed125"])
-    _close(model.decode(codes, text, io["ge"], speed=1.25, noise_scale=0.0), io["wav_ns0_speed125"])
+    assert golden.speed_cases
+    for case, speed in golden.speed_cases.items():
+        _, m_p, _ = model.encode_prior(codes, text, io["ge"], speed=speed)
+        assert m_p.shape[-1] == int(golden.frames / speed) + 1  # upstream's interpolation length
+        _close(m_p, io[f"m_p_speed{case.rsplit('speed', 1)[1]}"])
+        _close(model.decode(codes, text, io["ge"], speed=speed, noise_scale=0.0), io[case])
 
 
 @torch.inference_mode()
@@ -100,7 +102,7 @@ def test_two_references(model, io):
 def test_codes(model, io):
     _close(model.dequantize(io["codes"].long()), io["codes_dequantized"])
     codes = model.extract_latent(io["ssl_feature"])
-    assert codes.dtype == torch.int64 and codes.shape == (1, 1, 30)
+    assert codes.dtype == torch.int64 and codes.shape == (1, 1, io["ssl_feature"].shape[-1] // 2)  # ssl_proj stride 2
     assert torch.equal(codes, io["ssl_codes"].long())
 
 
@@ -127,21 +129,28 @@ def test_weight_norm_is_folded(model, ckpt):
     assert torch.allclose(names["dec.ups.0.weight"], want, atol=1e-6)
 
 
-def test_built_from_weight_shapes(model):
-    assert model.cfg.mrte_hidden == 128 and model.cfg.n_symbols == 732 and model.cfg.style_bins == 704
-    assert model.cfg.hop == 640
+def test_built_from_weight_shapes(model, ckpt, golden: Golden):
+    """The dims the config does not state come from the weight shapes: MRTE width, phone table, ref_enc bins."""
+    sd = ckpt.state_dict
+    assert model.cfg.mrte_hidden == golden.sovits_config["gin_channels"] == sd["enc_p.mrte.c_pre.weight"].shape[0]
+    assert model.cfg.n_symbols == golden.n_symbols == sd["enc_p.text_embedding.weight"].shape[0]
+    assert model.cfg.style_bins == sd["ref_enc.spectral.0.fc.weight"].shape[1]
+    assert model.cfg.style_bins < golden.sovits_io["refer_spec"].shape[1]  # v2 reads the first bins only
+    assert model.cfg.hop == golden.sovits_data_config["hop_length"] == golden.samples_per_token // 2
 
 
-def test_bad_weights_are_refused(ckpt):
+def test_bad_weights_are_refused(ckpt, golden: Golden):
     extra = dict(ckpt.state_dict, **{"dec.bogus.weight": torch.zeros(3)})
     with pytest.raises(ModelFormatError, match="unexpected dec.bogus.weight"):
         SoVITSDecoder.from_checkpoint(SovitsCheckpoint(extra, ckpt.config, "v2", ""))
-    missing = {k: v for k, v in ckpt.state_dict.items() if not k.startswith("flow.flows.6.post")}
-    with pytest.raises(ModelFormatError, match="missing flow.flows.6.post.bias"):
+    post = golden.last_flow_post()  # the last flow step's output conv
+    missing = {k: v for k, v in ckpt.state_dict.items() if not k.startswith(post)}
+    with pytest.raises(ModelFormatError, match=f"missing {post}.bias"):
         SoVITSDecoder.from_checkpoint(SovitsCheckpoint(missing, ckpt.config, "v2", ""))
     enc_q = dict(ckpt.state_dict, **{"enc_q.pre.weight": torch.zeros(2)})  # training-only: ignored
     SoVITSDecoder.from_checkpoint(SovitsCheckpoint(enc_q, ckpt.config, "v2", ""))
-    cfg = {**ckpt.config, "model": {**ckpt.config["model"], "hidden_channels": 96}}
+    wrong = ckpt.config["model"]["hidden_channels"] + 32  # a width the weights do not have
+    cfg = {**ckpt.config, "model": {**ckpt.config["model"], "hidden_channels": wrong}}
     with pytest.raises(ModelFormatError, match="shape|missing|unexpected"):
         SoVITSDecoder.from_checkpoint(SovitsCheckpoint(ckpt.state_dict, cfg, "v2", ""))
 

@@ -23,10 +23,10 @@ WAVE_ATOL_HALF = 5e-2
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
-def test_sovits_waveform_on_cuda(golden_dir, precision):
-    io = np.load(golden_dir / "sovits_io.npz")
+def test_sovits_waveform_on_cuda(golden, precision):
+    io = golden.sovits_io
     dtype = HALF.get(precision, torch.float32)
-    model = SoVITSDecoder.from_checkpoint(load_sovits_checkpoint(golden_dir / "sovits_tiny_v2.pth"), "cuda", dtype)
+    model = SoVITSDecoder.from_checkpoint(load_sovits_checkpoint(golden.sovits_path), "cuda", dtype)
     with torch.inference_mode():
         ge = model.ref_style(torch.as_tensor(io["refer_spec"], device="cuda").to(dtype))
         wav = model.decode(torch.as_tensor(io["codes"], device="cuda"), torch.as_tensor(io["text"], device="cuda"),

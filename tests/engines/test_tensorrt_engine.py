@@ -9,7 +9,6 @@ verified through ONNX Runtime in test_onnx_engine.py, which runs everywhere.
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,8 +19,8 @@ pytest.importorskip("tensorrt", reason="TensorRT is not installed (pip install t
 if not torch.cuda.is_available():
     pytest.skip("the TensorRT engine needs a CUDA GPU", allow_module_level=True)
 
-from engines.base import SAMPLE_RATE, SAMPLES_PER_TOKEN, SamplingParams, VoicePrompt  # noqa: E402
 from engines.gpt_sovits.generate import BatchDecoder  # noqa: E402
+from tests.golden import teacher_forced_logits  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.conformance, pytest.mark.timeout(1800)]
 
@@ -31,65 +30,57 @@ WAV_ATOL = 2e-2
 
 
 @pytest.fixture(scope="module")
-def engine(golden_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def engine(golden, tmp_path_factory: pytest.TempPathFactory):
     from engines.tensorrt_engine import TensorRTEngine
 
-    models = SimpleNamespace(gpt=golden_dir / "gpt_tiny_v2.ckpt", sovits=golden_dir / "sovits_tiny_v2.pth",
-                             hubert=golden_dir / "no-hubert", bert=golden_dir / "no-bert")
+    models = SimpleNamespace(gpt=golden.gpt_path, sovits=golden.sovits_path, hubert=golden.dir / "no-hubert",
+                             bert=golden.dir / "no-bert")
     tmp = tmp_path_factory.mktemp("trt")
     return TensorRTEngine.from_files(models, tmp / "onnx", tmp / "plans", device="cuda:0", workspace_mb=2048,
                                      max_batch=4)
 
 
 @pytest.fixture(scope="module")
-def gpt_io(golden_dir: Path):
-    return np.load(golden_dir / "gpt_io.npz")
+def gpt_io(golden):
+    return golden.gpt_io
 
 
 @pytest.fixture(scope="module")
-def sovits_io(golden_dir: Path):
-    return np.load(golden_dir / "sovits_io.npz")
+def sovits_io(golden):
+    return golden.sovits_io
 
 
 def _cuda(x: np.ndarray) -> torch.Tensor:
     return torch.as_tensor(x, device="cuda:0")
 
 
-@pytest.mark.parametrize("tag", ["rp135", "rp100"])
-def test_logits_along_the_greedy_path(engine, gpt_io, tag: str) -> None:
-    gpt = engine.new_gpt()
-    gpt.setup_caches(1, 256)
-    phones, bert, prompt = (_cuda(gpt_io[k][0]) for k in ("phone_ids", "bert_feature", "prompt_semantic"))
-    rows = [gpt.prefill(0, phones, bert, prompt)[None]]
-    start = phones.shape[0] + prompt.shape[0]
-    for j, tok in enumerate(gpt_io[f"greedy_{tag}_generated"]):
-        rows.append(gpt.decode_step(_cuda(np.array([tok])), _cuda(np.array([start + j])), None, 128))
-    ref = gpt_io[f"greedy_{tag}_logits_raw"]
-    got = torch.cat(rows).float().cpu().numpy()[: len(ref)]
-    assert got.dtype == np.float32
-    np.testing.assert_allclose(got, ref, rtol=0, atol=LOGITS_ATOL)
+def test_logits_along_the_greedy_path(engine, golden) -> None:
+    for key, case in golden.greedy.items():
+        got = teacher_forced_logits(engine.new_gpt(), case.phones, case.bert, case.prompt, case.fed)
+        np.testing.assert_allclose(got, case.logits_raw, rtol=0, atol=LOGITS_ATOL, err_msg=key)
 
 
-@pytest.mark.parametrize("tag,rp", [("rp135", 1.35), ("rp100", 1.0)])
-def test_greedy_tokens(engine, gpt_io, tag: str, rp: float) -> None:
-    decoder = BatchDecoder(engine.new_gpt(), max_slots=2, max_len=512)
-    decoder.add(0, gpt_io["phone_ids"][0], gpt_io["bert_feature"][0], gpt_io["prompt_semantic"][0],
-                SamplingParams(top_k=1, repetition_penalty=rp, early_stop_num=40, seed=0))
-    out: dict[int, np.ndarray] = {}
-    while decoder.active:
-        out.update(decoder.step())
-    ref = gpt_io[f"greedy_{tag}_generated"]
-    n = min(len(ref), len(out[0]))
-    assert (out[0][:n] == ref[:n]).mean() >= 0.9 and abs(len(out[0]) - len(ref)) <= 2
+def test_greedy_tokens(engine, golden) -> None:
+    for key, case in golden.greedy.items():
+        decoder = BatchDecoder(engine.new_gpt(), max_slots=2, max_len=512)
+        decoder.add(0, case.phones, case.bert, case.prompt, case.params())
+        out: dict[int, np.ndarray] = {}
+        while decoder.active:
+            out.update(decoder.step())
+        ref = case.generated
+        n = min(len(ref), len(out[0]))
+        assert (out[0][:n] == ref[:n]).mean() >= 0.9 and abs(len(out[0]) - len(ref)) <= 2, key
 
 
-def test_sovits(engine, sovits_io) -> None:
+def test_sovits(engine, golden, sovits_io) -> None:
     s = sovits_io
     ge = engine.ref_style(_cuda(s["refer_spec"])).cpu().numpy()
     np.testing.assert_allclose(ge, s["ge"], rtol=0, atol=GE_ATOL)
     codes = engine.extract_latent(_cuda(s["ssl_feature"])).cpu().numpy()
     assert (codes == s["ssl_codes"]).mean() >= 0.95
-    for case, speed, ns in (("wav_ns0", 1.0, 0.0), ("wav_ns05_eps", 1.0, 0.5), ("wav_ns0_speed125", 1.25, 0.0)):
+    cases = [("wav_ns0", 1.0, 0.0), *((k, 1.0, v) for k, v in golden.noise_cases.items()),
+             *((k, v, 0.0) for k, v in golden.speed_cases.items())]
+    for case, speed, ns in cases:
         wav = engine.decode_with_noise(s["codes"], s["text"], s["ge"][0], speed=speed, noise_scale=ns,
                                        eps=torch.as_tensor(s["eps"])).cpu().numpy()
         assert wav.shape == s[case].shape
@@ -97,10 +88,8 @@ def test_sovits(engine, sovits_io) -> None:
         assert np.corrcoef(wav.ravel(), s[case].ravel())[0, 1] > 0.999
 
 
-def test_contract(engine, gpt_io, sovits_io) -> None:
-    assert (engine.name, engine.precision) == ("tensorrt", "fp16") and engine.sample_rate == SAMPLE_RATE
-    tokens = gpt_io["greedy_rp100_generated"]
-    voice = VoicePrompt(np.zeros(0, np.int64), sovits_io["ge"][0], np.zeros(0, np.int64),
-                        np.zeros((1024, 0), np.float32))
-    wav = engine.decode(tokens, gpt_io["phone_ids"][0, 9:], voice, noise_scale=0.5, seed=1)
-    assert wav.dtype == np.float32 and wav.ndim == 1 and wav.size == tokens.size * SAMPLES_PER_TOKEN
+def test_contract(engine, golden) -> None:
+    assert (engine.name, engine.precision) == ("tensorrt", "fp16") and engine.sample_rate == golden.sampling_rate
+    tokens = next(iter(golden.greedy.values())).generated
+    wav = engine.decode(tokens, golden.target_phones, golden.free_voice(), noise_scale=0.5, seed=1)
+    assert wav.dtype == np.float32 and wav.ndim == 1 and wav.size == tokens.size * golden.samples_per_token

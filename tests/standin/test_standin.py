@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -192,8 +191,10 @@ async def test_login_ping_and_speak_tone(standin: Standin, bot: _MiniBot) -> Non
     assert len({p.ssrc for p in packets}) == 1
     assert [(b.seq - a.seq) % 65536 for a, b in zip(packets, packets[1:])] == [1] * (len(packets) - 1)
     assert [(b.timestamp - a.timestamp) % 2**32 for a, b in zip(packets, packets[1:])] == [960] * (len(packets) - 1)
+    # paced, not sent in a burst: discord.py sleeps to a 20 ms clock, so the packets cannot come faster than that
+    # (no upper bound: how late a loaded machine's player thread wakes is not this test's verdict)
     span = packets[-1].at - packets[0].at
-    assert 0.8 < span < 2.0, f"packets were not paced at 20 ms: {span:.3f} s for {len(packets)}"
+    assert span >= 0.8, f"packets were not paced at 20 ms: {span:.3f} s for {len(packets)}"
 
     pcm = voice.pcm(skip_silence=True)  # [samples, 2] int16 @ 48 kHz
     assert abs(pcm.shape[0] - TONE_S * SAMPLE_RATE) <= FRAME_SAMPLES
@@ -272,12 +273,10 @@ async def test_reply_edit_delete_and_channel_messages(standin: Standin, bot: _Mi
 
 async def test_unknown_token_is_refused(standin: Standin, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     client = _MiniBot(point_discord_at(standin, monkeypatch))
-    started = time.monotonic()
     with pytest.raises(discord.LoginFailure):
         await client.start("wrong-token")
     await client.close()
-    assert time.monotonic() - started < 2
-    assert standin.requests[0].status == 401
+    assert [r.status for r in standin.requests] == [401]  # refused at the first request, never retried
 
 
 async def test_messages_reach_the_bot_as_its_intents_allow(standin: Standin, bot: _MiniBot) -> None:  # noqa: F811
