@@ -1,4 +1,5 @@
-"""The local HTTP API: GPT-SoVITS api_v2, SillyTavern, OpenAI speech, the stream-input WebSocket, metrics.
+"""The local HTTP API: GPT-SoVITS api_v2, SillyTavern, OpenAI speech, the stream-input WebSockets (ours and
+ElevenLabs'), metrics.
 
 Every protocol is a thin adapter onto ``Synthesizer.stream``: one pipeline, many doors.
 """

@@ -1,14 +1,18 @@
 """GPT-SoVITS ``api_v2`` on top of the one pipeline: ``GET/POST /tts`` and its control endpoints.
 
-Parameters, types and defaults are upstream's (``text``, ``text_lang``, ``ref_audio_path`` required; numbers may
-arrive as JSON numbers or query strings; ``streaming_mode`` is a bool or 0-3). Defaults for the sampling options
-come from ``synthesis:`` in config.yaml, whose shipped values are upstream's.
+Parameters, types and defaults are upstream's ``TTS_Request`` (a pydantic model here too, so its coercion rules
+hold: numbers as JSON numbers or query strings, booleans as ``true``/``"true"``/``1``; ``text``, ``text_lang``,
+``ref_audio_path`` required; ``streaming_mode`` a bool or 0-3). An empty value counts as not sent, as upstream's
+clients mean it. Defaults for the sampling options come from ``synthesis:`` in config.yaml, whose shipped values
+are upstream's. A NUL byte or an unpaired surrogate in any value is a 400.
 
 How upstream's parameters map here:
 
-* ``ref_audio_path``: a stored voice's name or id, or a path to a stored voice's folder or one of its files inside
-  ``voices.dir`` (absolute, or relative to that folder or to the working directory). Any other path (``..``, a
-  symlink pointing out, a file that is not a stored voice's) is refused with 400. The voice's stored reference,
+* ``ref_audio_path``: a stored voice's name or id; a path whose file name (stem) names a stored voice (clients such
+  as AstrBot's plugin and SillyTavern send ``/their/dir/alice`` or ``./参考音频/alice.wav``; that file is never
+  opened); or a path to a stored voice's folder or one of its files inside ``voices.dir`` (absolute, or relative to
+  that folder or to the working directory). Any other path (``..``, a symlink pointing out, a file that is not a
+  stored voice's, a name too long for a file system) is refused with 400. The voice's stored reference,
   transcript and language are used, so ``prompt_text`` and ``prompt_lang`` are validated and otherwise ignored.
 * ``aux_ref_audio_paths``: each must resolve like ``ref_audio_path``; a voice's style vector is fixed when the
   voice is created, so they add nothing (create the voice from the combined clips instead).
@@ -22,6 +26,7 @@ How upstream's parameters map here:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
@@ -31,23 +36,26 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Awaitable, Callable, Mapping
 
+import pydantic
 from aiohttp import web
 
 from bot.config import Config
-from bot.http.responses import ApiError, services_of, stream_audio, whole_audio
-from synthesis.types import LANGUAGES, SPLIT_METHODS, SynthesisParams, Voice, VoiceNotFound
+from bot.http.responses import ApiError, pydantic_message, services_of, stream_audio, whole_audio
+from synthesis import LANGUAGES, SPLIT_METHODS, SynthesisParams, Voice, VoiceNotFound
 
 MEDIA_TYPES = ("wav", "raw", "ogg", "aac")
 MAX_SEED = 2**63 - 1
 _ID_RE = re.compile(r"[\w-]{1,64}")  # what may be passed to VoiceStore.get
 _NAME_RE = re.compile(r"[\w -]{1,32}")  # what may be passed to VoiceStore.find
 _MISSING: Any = object()
+_SURROGATE = re.compile("[\ud800-\udfff]")
+MAX_NAME_CHARS = 255  # longest file name (and ref_audio_path) a file system takes
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
 
 class ParamReader:
-    """Typed, range-checked request parameters from a JSON object or a query string.
+    """Typed, range-checked parameters from a JSON object or a query string (WebSocket queries, control endpoints).
 
     Every failure is an :class:`ApiError` 400 naming the parameter, what it accepts and what arrived. ``null``
     counts as absent.
@@ -58,7 +66,11 @@ class ParamReader:
 
     def raw(self, name: str) -> Any:
         value = self._values.get(name)
-        return None if value is None else value
+        if value is None or value == "":  # upstream's clients send empty values for "not set"
+            return None
+        if isinstance(value, str):
+            check_chars(value, name)
+        return value
 
     def string(self, name: str, default: Any = _MISSING, *, choices: tuple[str, ...] | None = None,
                lower: bool = False, hint: str = "") -> Any:
@@ -126,25 +138,17 @@ class ParamReader:
             return value.strip().lower() in _TRUE
         raise ApiError(400, f"{name} must be true or false; got {value!r}")
 
-    def strings(self, name: str) -> list[str]:
-        """A list of strings: a JSON array, or a repeated query parameter."""
-        getall = getattr(self._values, "getall", None)  # a query string: the parameter repeated
-        if getall is not None:
-            items: Any = getall(name, [])
-        else:
-            items = self.raw(name)
-            if items is None:
-                return []
-            if not isinstance(items, list):
-                raise ApiError(400, f"{name} must be a list of strings; got {items!r}")
-        if not all(isinstance(x, str) for x in items):
-            raise ApiError(400, f"{name} must be a list of strings; got {items!r}")
-        return list(items)
-
     def _default(self, name: str, default: Any, hint: str) -> Any:
         if default is _MISSING:
             raise ApiError(400, f"{name} is required" + (f": {hint}" if hint else ""))
         return default
+
+
+def check_chars(value: str, name: str) -> str:
+    """Refuse a NUL byte or an unpaired surrogate (neither is text; both break paths and encoders)."""
+    if "\x00" in value or _SURROGATE.search(value):
+        raise ApiError(400, f"{name} contains a NUL byte or an unpaired surrogate: send valid UTF-8 text")
+    return value
 
 
 def _range(lo: int | None, hi: int | None) -> str:
@@ -221,19 +225,37 @@ def voice_catalog(synth: Any) -> list[tuple[str, str, Voice]]:
 
 
 def resolve_ref(synth: Any, voices_dir: Path, ref: str, name: str = "ref_audio_path") -> Voice:
-    """``ref_audio_path`` -> a stored voice: its name or id, or a path inside the voices folder that belongs to it.
+    """``ref_audio_path`` -> a stored voice: its name or id, a path whose file name (stem) names a stored voice (as
+    clients that resolve the name to a path of their own send it), or a path inside the voices folder that belongs
+    to a voice. No file outside the voices folder is ever opened.
 
     Raises :class:`ApiError` 400 for anything else, paths that leave the voices folder above all.
     """
-    ref = ref.strip()
+    ref = check_chars(ref, name).strip()
     if not ref:
         raise ApiError(400, f"{name} is empty: name a stored voice; {voice_names(synth)}")
+    if len(ref) > 4096 or any(len(part) > MAX_NAME_CHARS for part in ref.replace("\\", "/").split("/")):
+        raise ApiError(400, f"{name} is too long to be a path ({len(ref)} characters): name a stored voice; "
+                            f"{voice_names(synth)}")
     voice = lookup_voice(synth, ref)
     if voice is not None:
         return voice
     text = ref.replace("\\", "/")
+    stem = PurePosixPath(text).stem
+    if stem and stem != text:
+        voice = lookup_voice(synth, stem)
+        if voice is not None:
+            return voice
     if ".." in PurePosixPath(text).parts:
         raise ApiError(400, f"{name} may not contain '..': name a stored voice, or a file inside the voices folder")
+    try:
+        return _voice_of_path(synth, voices_dir, text, ref, name)
+    except (OSError, ValueError) as e:  # ENAMETOOLONG, ELOOP, EACCES...: not a voice's file, whatever it is
+        raise ApiError(400, f"{name} {ref[:80]!r} is not a usable path ({type(e).__name__}): name a stored voice; "
+                            f"{voice_names(synth)}") from None
+
+
+def _voice_of_path(synth: Any, voices_dir: Path, text: str, ref: str, name: str) -> Voice:
     root = Path(os.path.realpath(voices_dir))
     given = Path(os.path.expanduser(text))
     candidates = [given] if given.is_absolute() else [root / given, Path.cwd() / given]
@@ -286,70 +308,147 @@ def streaming_mode(value: Any) -> int:
     raise ApiError(400, f"streaming_mode must be false/true or 0-3; got {value!r}")
 
 
+_Num = pydantic.Field  # shorthand for the constrained fields below
+
+
+class TtsParams(pydantic.BaseModel):
+    """upstream api_v2's ``TTS_Request``, with its lax coercion (``"5"``, ``5.0``, ``"true"`` all arrive as the field's
+    type) and this server's ranges. ``None`` means "the server's default" (config ``synthesis:``)."""
+
+    model_config = pydantic.ConfigDict(extra="ignore", allow_inf_nan=False, str_strip_whitespace=False)
+
+    text: str
+    text_lang: str
+    ref_audio_path: str
+    aux_ref_audio_paths: list[str] = []
+    prompt_text: str = ""
+    prompt_lang: str | None = None
+    top_k: int | None = _Num(None, ge=1)
+    top_p: float | None = _Num(None, gt=0.0, le=1.0)
+    temperature: float | None = _Num(None, ge=0.0)
+    text_split_method: str | None = None
+    batch_size: int = _Num(1, ge=1, le=1024)  # accepted, no effect (module docstring)
+    batch_threshold: float = _Num(0.75, ge=0.0, le=1.0)
+    split_bucket: bool = True
+    speed_factor: float | None = _Num(None, ge=0.25, le=4.0)
+    fragment_interval: float | None = _Num(None, ge=0.0, le=5.0)
+    seed: int | None = _Num(None, ge=-1, le=MAX_SEED)
+    media_type: str = "wav"
+    streaming_mode: int = 0
+    parallel_infer: bool = True
+    repetition_penalty: float | None = _Num(None, gt=0.0)
+    sample_steps: int = _Num(32, ge=1, le=256)
+    super_sampling: bool = False
+    overlap_length: int = _Num(2, ge=0, le=100)
+    min_chunk_length: int = _Num(16, ge=1, le=1000)
+    noise_scale: float | None = _Num(None, ge=0.0, le=10.0)
+
+    @pydantic.field_validator("streaming_mode", mode="before")
+    @classmethod
+    def _mode(cls, value: Any) -> int:
+        try:
+            return streaming_mode(value)
+        except ApiError as e:
+            raise ValueError(str(e)) from None
+
+    @pydantic.field_validator("text_lang", "prompt_lang", "text_split_method", "media_type", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+
+def _request_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON object or a query string as TtsParams input: empty values dropped (upstream's clients send them for
+    "not set"), repeated query keys as a list for ``aux_ref_audio_paths``, no NUL bytes or lone surrogates."""
+    out: dict[str, Any] = {}
+    getall = getattr(values, "getall", None)
+    for key in values:
+        value = values[key]
+        if key == "aux_ref_audio_paths" and getall is not None:
+            value = getall(key)
+        if isinstance(value, str):
+            check_chars(value, key)
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, str):
+                    check_chars(item, key)
+            value = [x for x in value if x != ""]
+        if value is None or (value == "" and key != "text"):
+            continue
+        out[key] = value
+    return out
+
+
 def parse_tts(values: Mapping[str, Any], services: Any, *,
               media_types: tuple[str, ...] = MEDIA_TYPES) -> TtsRequest:
     """Validate every api_v2 parameter (see the module docstring) and resolve the voice."""
     config: Config = services.config
     synth = services.synthesizer
     base = base_params(config)
-    r = ParamReader(values)
-    text = check_text(r.string("text", hint="the words to speak"), config)
-    language = r.string("text_lang", choices=LANGUAGES, lower=True, hint="the text's language, e.g. auto, en, zh")
-    ref = r.string("ref_audio_path", hint="a stored voice's name")
-    aux = r.strings("aux_ref_audio_paths")
-    r.string("prompt_text", "")
-    r.string("prompt_lang", None, choices=LANGUAGES, lower=True)
-    changes = {
-        "language": language,
-        "top_k": r.integer("top_k", base.top_k, lo=1),
-        "top_p": r.number("top_p", base.top_p, lo=0.0, hi=1.0, lo_open=True),
-        "temperature": r.number("temperature", base.temperature, lo=0.0),
-        "split_method": r.string("text_split_method", base.split_method, choices=SPLIT_METHODS, lower=True),
-        "speed": r.number("speed_factor", base.speed, lo=0.25, hi=4.0),
-        "fragment_interval": r.number("fragment_interval", base.fragment_interval, lo=0.0, hi=5.0),
-        "seed": r.integer("seed", base.seed, lo=-1, hi=MAX_SEED),
-        "repetition_penalty": r.number("repetition_penalty", base.repetition_penalty, lo=0.0, lo_open=True),
-        "noise_scale": r.number("noise_scale", base.noise_scale, lo=0.0, hi=10.0),
-    }
-    # accepted for compatibility, validated, no effect here (module docstring)
-    r.integer("batch_size", 1, lo=1, hi=1024)
-    r.number("batch_threshold", 0.75, lo=0.0, hi=1.0)
-    r.boolean("split_bucket", True)
-    r.boolean("parallel_infer", True)
-    r.integer("sample_steps", 32, lo=1, hi=256)
-    r.boolean("super_sampling", False)
-    r.integer("overlap_length", 2, lo=0, hi=100)
-    r.integer("min_chunk_length", 16, lo=1, hi=1000)
-    media_type = r.string("media_type", "wav", choices=media_types, lower=True)
-    mode = streaming_mode(r.raw("streaming_mode"))
-    params = make_params(base, **changes)
-    voice = resolve_ref(synth, config.voices.dir, ref)
-    for path in aux:
+    try:
+        q = TtsParams.model_validate(_request_values(values))
+    except pydantic.ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        if first["type"] == "missing":
+            hints = {"text": "the words to speak", "text_lang": "the text's language, e.g. auto, en, zh",
+                     "ref_audio_path": f"a stored voice's name; {voice_names(synth)}"}
+            name = str(first["loc"][0])
+            raise ApiError(400, f"{name} is required: {hints.get(name, '')}") from None
+        raise ApiError(400, pydantic_message(e)) from None
+    text = check_text(q.text, config)
+    for name, value, choices in [("text_lang", q.text_lang, LANGUAGES), ("prompt_lang", q.prompt_lang, LANGUAGES),
+                                 ("text_split_method", q.text_split_method, SPLIT_METHODS),
+                                 ("media_type", q.media_type, media_types)]:
+        if value is not None and value not in choices:
+            raise ApiError(400, f"{name} must be one of {', '.join(choices)}; got {value!r}")
+    given = {"language": q.text_lang, "top_k": q.top_k, "top_p": q.top_p, "temperature": q.temperature,
+             "split_method": q.text_split_method, "speed": q.speed_factor, "fragment_interval": q.fragment_interval,
+             "seed": q.seed, "repetition_penalty": q.repetition_penalty, "noise_scale": q.noise_scale}
+    params = make_params(base, **{k: v for k, v in given.items() if v is not None})
+    voice = resolve_ref(synth, config.voices.dir, q.ref_audio_path)
+    for path in q.aux_ref_audio_paths:
         resolve_ref(synth, config.voices.dir, path, name="aux_ref_audio_paths")
-    return TtsRequest(text, voice, params, media_type, mode)
+    return TtsRequest(text, voice, params, q.media_type, q.streaming_mode)
 
 
-async def respond(request: web.Request, tts: TtsRequest) -> web.StreamResponse:
-    """Run the request through the synthesizer and answer in its media type and streaming mode."""
+async def respond(request: web.Request, tts: TtsRequest, *, wav_size_unknown: bool = False) -> web.StreamResponse:
+    """Run the request through the synthesizer and answer in its media type and streaming mode.
+
+    A streamed WAV keeps upstream's header (sizes 0, byte for byte) unless ``wav_size_unknown``: then 0xFFFFFFFF,
+    which soundfile and ``wave`` read to the end.
+    """
     synth = services_of(request).synthesizer
     chunks = synth.stream(tts.text, tts.voice, tts.params)
     content_type = "audio/mpeg" if tts.media_type == "mp3" else f"audio/{tts.media_type}"  # upstream's names
     if tts.streaming_mode == 0:
         return await whole_audio(request, chunks, tts.media_type, content_type=content_type)
-    return await stream_audio(request, chunks, tts.media_type, content_type=content_type)
+    return await stream_audio(request, chunks, tts.media_type, content_type=content_type,
+                              wav_size_unknown=wav_size_unknown)
 
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400 that says what is wrong with it."""
-    raw = await request.read()
+    """The request body as a JSON object, or a 400 (408 when it arrives too slowly) that says what is wrong."""
+    timeout = services_of(request).config.http.body_timeout_s
+    try:
+        async with asyncio.timeout(timeout):
+            raw = await request.read()
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s (http.body_timeout_s)") from None
+    return parse_json_object(raw, "the request body")
+
+
+def parse_json_object(raw: bytes | str, what: str) -> dict[str, Any]:
+    """``raw`` as a JSON object; a 400 naming ``what`` otherwise (deep nesting included)."""
     if not raw.strip():
-        raise ApiError(400, "the request body is empty: send a JSON object")
+        raise ApiError(400, f"{what} is empty: send a JSON object")
     try:
         body = json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, f"{what} is nested too deeply: send a flat JSON object") from None
     except ValueError as e:
-        raise ApiError(400, f"the request body is not valid JSON ({e}): send a JSON object") from None
+        raise ApiError(400, f"{what} is not valid JSON ({e}): send a JSON object") from None
     if not isinstance(body, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+        raise ApiError(400, f"{what} must be a JSON object, got {type(body).__name__}")
     return body
 
 
@@ -380,16 +479,27 @@ async def _set_refer_audio(request: web.Request) -> web.Response:
 
 
 def _weights(kind: str, configured: Path) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """A ``/set_*_weights`` handler: success when the file is the one already loaded, else a clear 501."""
+    """A ``/set_*_weights`` handler. Weights are not switched at run time; the answer says what happened: success
+    (nothing loaded, nothing to load) when the request names the loaded file, else a 501 naming the setting."""
 
     async def handler(request: web.Request) -> web.Response:
         path = ParamReader(await _params_of(request)).string("weights_path", hint=f"the {kind} weights file")
         given = Path(path.replace("\\", "/"))
-        same = given.name == configured.name or os.path.realpath(given) == os.path.realpath(configured)
-        if same:
-            return web.json_response({"message": "success"})
-        raise ApiError(501, f"switching {kind} weights at run time is not available here: set models.{kind} in "
-                            f"config.yaml to {path!r} and restart (loaded now: {configured.name})")
+        exists = same_file = False
+        try:
+            exists = given.exists()
+            same_file = exists and os.path.samefile(given, configured)
+        except (OSError, ValueError):  # too long, not a path, or nothing loaded from there: not the loaded file
+            pass
+        if same_file or (given.name == configured.name and not exists):
+            # the same file, or upstream's layout on the client's side naming the loaded file
+            detail = f"{configured.name} is already the loaded {kind} model (models.{kind}); nothing was loaded"
+            return web.json_response({"message": "success", "detail": detail, "loaded": configured.name,
+                                      "changed": False})
+        what = "a different file with the loaded file's name" if given.name == configured.name else repr(path[:120])
+        raise ApiError(501, f"switching {kind} weights at run time is not available here, so {what} was not "
+                            f"loaded: set models.{kind} in config.yaml to that file and restart (loaded now: "
+                            f"{configured.name})")
 
     return handler
 

@@ -1,21 +1,25 @@
-"""The Prometheus text exposition (format 0.0.4) served at ``GET /metrics``, and the HTTP layer's own series.
+"""``GET /metrics``: the HTTP layer's own series and the synthesizer's, through ``prometheus_client``.
 
-Two sources are exported. The HTTP layer keeps cumulative series of what its clients saw: requests by protocol and
-status, and histograms of time to first audio (request arrival to the first audio byte written) and real-time
-factor (request wall time / audio seconds). The synthesizer's ``metrics()`` adds queue depth, cache hit ratios,
-counters, and quantiles of its recent time-to-first-audio and RTF samples (Discord requests included), plus an
-info series naming the engine, device and precision. No extra dependency: the format is a few lines of text.
+The HTTP layer keeps cumulative series of what its clients saw: requests by protocol and status, histograms of
+time to first audio (request arrival to the first audio byte written) and real-time factor (request wall time /
+audio seconds), audio seconds sent and streams cut short. The synthesizer's ``metrics()`` is read at each scrape:
+queue depth, cache hit ratios, counters, quantiles of its recent time-to-first-audio and RTF samples (Discord
+requests included; absent until there is a sample, never NaN), and an info series naming the engine, device and
+precision. Process metrics (CPU, memory, open files) come with it. The text format or OpenMetrics is chosen by the
+scraper's ``Accept`` header.
 """
 
 from __future__ import annotations
 
-import collections
 import math
 import re
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+
 TTFA_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)  # seconds
 RTF_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)  # wall seconds per audio second
 QUANTILES = (0.5, 0.9, 0.99)  # of the synthesizer's recent samples
@@ -23,120 +27,90 @@ PREFIX = "voicebot"
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
 
 
-class Histogram:
-    """A cumulative Prometheus histogram (no labels)."""
-
-    def __init__(self, buckets: Sequence[float]) -> None:
-        self.bounds = tuple(sorted(buckets))
-        self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound (+Inf only)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        if not math.isfinite(value):
-            return
-        self.sum += value
-        self.count += 1
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
-                return
-        self.counts[-1] += 1
-
-    def lines(self, name: str) -> list[str]:
-        """The ``_bucket``/``_sum``/``_count`` sample lines."""
-        out, running = [], 0
-        for bound, n in zip(self.bounds, self.counts[:-1], strict=True):
-            running += n
-            out.append(f'{name}_bucket{{le="{_num(bound)}"}} {running}')
-        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        out.append(f"{name}_sum {_num(self.sum)}")
-        out.append(f"{name}_count {self.count}")
-        return out
-
-
 class HttpMetrics:
-    """What the HTTP front-ends measured, cumulative since start."""
+    """What the HTTP front-ends measured, cumulative since start, in a registry of this app's own.
 
-    def __init__(self) -> None:
+    ``synth_metrics`` is called at each scrape for the synthesizer's current values.
+    """
+
+    def __init__(self, synth_metrics: Callable[[], Mapping[str, Any]] | None = None) -> None:
         self.started = time.time()
-        self.requests: collections.Counter[tuple[str, int]] = collections.Counter()  # (protocol, status)
-        self.ttfa = Histogram(TTFA_BUCKETS)
-        self.rtf = Histogram(RTF_BUCKETS)
-        self.audio_seconds = 0.0
-        self.aborted_streams = 0
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(f"{PREFIX}_http_requests", "HTTP requests by protocol and status code.",
+                                ("protocol", "status"), registry=r)
+        self.ttfa = Histogram(f"{PREFIX}_http_time_to_first_audio_seconds",
+                              "Request arrival to the first audio byte sent.", buckets=TTFA_BUCKETS, registry=r)
+        self.rtf = Histogram(f"{PREFIX}_http_real_time_factor", "Response wall time divided by its audio duration.",
+                             buckets=RTF_BUCKETS, registry=r)
+        self.audio_seconds = Counter(f"{PREFIX}_http_audio_seconds", "Seconds of audio sent.", registry=r)
+        self.aborted_streams = Counter(f"{PREFIX}_http_aborted_streams",
+                                       "Streams cut short by a client disconnect or a synthesis error.", registry=r)
+        Gauge(f"{PREFIX}_start_time_seconds", "Process start (unix time).", registry=r).set(self.started)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        if synth_metrics is not None:
+            r.register(_SynthCollector(synth_metrics))
 
     def observe_request(self, protocol: str, status: int) -> None:
-        self.requests[(protocol, status)] += 1
+        self.requests.labels(protocol, str(status)).inc()
 
     def observe_audio(self, ttfa_s: float | None, wall_s: float, audio_s: float) -> None:
         """One finished audio response: time to its first byte, its total wall time and its audio length."""
-        if ttfa_s is not None:
+        if ttfa_s is not None and math.isfinite(ttfa_s):
             self.ttfa.observe(ttfa_s)
         if audio_s > 0:
             self.rtf.observe(wall_s / audio_s)
-            self.audio_seconds += audio_s
+            self.audio_seconds.inc(audio_s)
 
-    def render(self, synth: Mapping[str, Any]) -> str:
-        """The whole exposition: HTTP series, then the synthesizer's."""
-        lines: list[str] = []
-        name = f"{PREFIX}_http_requests_total"
-        lines += [f"# HELP {name} HTTP requests by protocol and status code.", f"# TYPE {name} counter"]
-        for (protocol, status), n in sorted(self.requests.items()):
-            lines.append(f'{name}{{protocol="{_label(protocol)}",status="{status}"}} {n}')
-        name = f"{PREFIX}_http_time_to_first_audio_seconds"
-        lines += [f"# HELP {name} Request arrival to the first audio byte sent.", f"# TYPE {name} histogram"]
-        lines += self.ttfa.lines(name)
-        name = f"{PREFIX}_http_real_time_factor"
-        lines += [f"# HELP {name} Response wall time divided by its audio duration.", f"# TYPE {name} histogram"]
-        lines += self.rtf.lines(name)
-        lines += _simple(f"{PREFIX}_http_audio_seconds_total", "counter", "Seconds of audio sent.",
-                         self.audio_seconds)
-        lines += _simple(f"{PREFIX}_http_aborted_streams_total", "counter",
-                         "Streams cut short by a client disconnect or a synthesis error.", self.aborted_streams)
-        lines += _simple(f"{PREFIX}_start_time_seconds", "gauge", "Process start (unix time).", self.started)
-        lines += _synth_lines(synth)
-        return "\n".join(lines) + "\n"
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition for a scraper's ``Accept`` header: (body, content type)."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
 
 
-def _synth_lines(m: Mapping[str, Any]) -> list[str]:
-    """The synthesizer's metrics dict as Prometheus series (unknown keys are exported by their type)."""
-    lines: list[str] = []
-    info = {k: str(v) for k, v in m.items() if isinstance(v, str)}
-    if info:
-        name = f"{PREFIX}_engine_info"
-        labels = ",".join(f'{_metric_name(k)}="{_label(v)}"' for k, v in sorted(info.items()))
-        lines += [f"# HELP {name} The loaded engine, device and precision.", f"# TYPE {name} gauge",
-                  f"{name}{{{labels}}} 1"]
-    for key, value in sorted(m.items()):
-        base = f"{PREFIX}_synthesis_{_metric_name(key)}"
-        if isinstance(value, bool) or isinstance(value, str):
-            continue
-        if isinstance(value, (int, float)):
-            if _is_counter(key):
-                lines += _simple(base + "_total", "counter", f"Synthesizer {key.replace('_', ' ')}.", value)
-            else:
-                lines += _simple(base, "gauge", f"Synthesizer {key.replace('_', ' ')}.", value)
-        elif isinstance(value, Iterable):
-            samples = sorted(float(x) for x in value if isinstance(x, (int, float)) and math.isfinite(x))
-            name = base + "_recent"
-            lines += [f"# HELP {name} Quantiles of the synthesizer's recent {key} samples (all front-ends).",
-                      f"# TYPE {name} gauge"]
-            for q in QUANTILES:
-                v = _quantile(samples, q) if samples else float("nan")
-                lines.append(f'{name}{{quantile="{q}"}} {_num(v)}')
-            lines += _simple(name + "_samples", "gauge", f"How many recent {key} samples there are.",
-                             len(samples))
-    return lines
+class _SynthCollector:
+    """The synthesizer's metrics dict as Prometheus families, read at scrape time."""
+
+    def __init__(self, source: Callable[[], Mapping[str, Any]]) -> None:
+        self._source = source
+
+    def describe(self) -> list[Metric]:
+        return []  # unknown until scraped: the dict's keys decide the families
+
+    def collect(self) -> Iterable[Metric]:
+        m = self._source()
+        info = {_metric_name(k): str(v) for k, v in m.items() if isinstance(v, str)}
+        if info:
+            family = InfoMetricFamily(f"{PREFIX}_engine", "The loaded engine, device and precision.")
+            family.add_metric([], info)
+            yield family
+        for key, value in sorted(m.items()):
+            base = f"{PREFIX}_synthesis_{_metric_name(key)}"
+            help_text = f"Synthesizer {key.replace('_', ' ')}."
+            if isinstance(value, (bool, str)):
+                continue
+            if isinstance(value, (int, float)):
+                if _is_counter(key):
+                    yield CounterMetricFamily(base, help_text, value=value)
+                else:
+                    yield GaugeMetricFamily(base, help_text, value=value)
+            elif isinstance(value, Iterable):
+                samples = sorted(float(x) for x in value if isinstance(x, (int, float)) and math.isfinite(x))
+                yield GaugeMetricFamily(base + "_recent_samples", f"How many recent {key} samples there are.",
+                                        value=len(samples))
+                if samples:  # no sample, no quantile: a NaN gauge breaks alerts and graphs
+                    family = GaugeMetricFamily(base + "_recent",
+                                               f"Quantiles of the synthesizer's recent {key} samples (all doors).",
+                                               labels=["quantile"])
+                    for q in QUANTILES:
+                        family.add_metric([str(q)], _quantile(samples, q))
+                    yield family
 
 
 def _is_counter(key: str) -> bool:
     """Monotonic synthesizer counters, by naming convention."""
     return key in ("requests", "busy") or key.endswith(("_hits", "_misses"))
-
-
-def _simple(name: str, kind: str, help_text: str, value: float) -> list[str]:
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {_num(value)}"]
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -148,17 +122,3 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 def _metric_name(key: str) -> str:
     name = _NAME_BAD.sub("_", key)
     return name if name and not name[0].isdigit() else "_" + name
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _num(value: float) -> str:
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "+Inf" if value > 0 else "-Inf"
-        return repr(value)
-    return str(value)

@@ -1,68 +1,132 @@
-"""OpenAI's speech API: ``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/voices``.
+"""OpenAI's speech API: ``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/models``,
+``GET /v1/audio/voices``.
 
 A client built for OpenAI's TTS works by pointing its base URL here (its API key is the bearer token, when one is
-set). ``voice`` names a stored voice (name or id; also ``{"id": ...}``). Audio is always streamed as it is
-synthesized, as OpenAI's endpoint does; ``pcm`` is 24 kHz signed 16-bit little-endian like OpenAI's, the other
-formats carry their rate (32 kHz) in their headers. ``stream_format: "sse"`` sends ``speech.audio.delta`` events
-(base64 of the encoded bytes) and a final ``speech.audio.done``. ``instructions`` is accepted and has no effect
-(the voice's own reference sets the style). Extensions: ``language`` (default from config) and ``seed``.
+set). ``model`` may be any name (every name runs the one loaded model; ``/v1/models`` lists what is served).
+``voice`` names a stored voice (name or id; also ``{"id": ...}``), or a name mapped by ``http.voice_aliases``;
+OpenAI's own voice names (``alloy``, ``ash``, ... the defaults of Open WebUI, LiveKit and Pipecat) that are not
+mapped speak in ``http.default_voice`` (default: the first stored voice by name). Audio is always streamed as it
+is synthesized, as OpenAI's endpoint does: ``wav`` carries 0xFFFFFFFF sizes as OpenAI's does (read to the end),
+``flac`` is sent once complete so its header holds the length, ``pcm`` is 24 kHz signed 16-bit little-endian like
+OpenAI's, the other formats carry their rate (32 kHz) in their headers. ``stream_format: "sse"`` sends
+``speech.audio.delta`` events (base64 of the encoded bytes) and a final ``speech.audio.done`` with ``usage``.
+``instructions`` is accepted and has no effect (the voice's own reference sets the style). Extensions:
+``language`` (default from config) and ``seed``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, Literal
 
+import pydantic
 from aiohttp import web
 
-from bot.http.api_v2 import (MAX_SEED, ParamReader, base_params, check_text, lookup_voice, make_params,
+from bot.http.api_v2 import (MAX_SEED, base_params, check_chars, check_text, lookup_voice, make_params,
                              read_json_object, voice_catalog, voice_names)
-from bot.http.responses import METRICS, ApiError, services_of, stream_audio
-from synthesis.types import LANGUAGES
+from bot.http.responses import METRICS, ApiError, services_of, stream_audio, validate_body
+from synthesis import LANGUAGES, Voice
 
-MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-sovits-v2")  # all run the same loaded model
+log = logging.getLogger(__name__)
+
+MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-sovits-v2")  # listed; any name runs the same model
 RESPONSE_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+# OpenAI's built-in voices: clients default to them (Open WebUI and Pipecat "alloy", LiveKit "ash")
+OPENAI_VOICES = ("alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage",
+                 "shimmer", "verse")
 PCM_RATE = 24000  # Hz, OpenAI's raw PCM rate
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg; codecs=opus", "aac": "audio/aac", "flac": "audio/flac",
                  "wav": "audio/wav", "pcm": "audio/pcm"}
 
 
+class _VoiceRef(pydantic.BaseModel):
+    id: str
+
+
+class SpeechRequest(pydantic.BaseModel):
+    """The body of ``POST /v1/audio/speech`` (OpenAI's fields, plus ``language`` and ``seed``)."""
+
+    model_config = pydantic.ConfigDict(extra="ignore", str_strip_whitespace=True)
+
+    model: str = "tts-1"
+    input: str
+    voice: str | _VoiceRef | None = None
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    speed: float = pydantic.Field(1.0, ge=0.25, le=4.0, allow_inf_nan=False)
+    stream_format: Literal["audio", "sse"] = "audio"
+    instructions: str = ""
+    language: str | None = None
+    seed: int | None = pydantic.Field(None, ge=-1, le=MAX_SEED)
+
+    @pydantic.field_validator("response_format", "stream_format", "language", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+
 async def _speech(request: web.Request) -> web.StreamResponse:
     services = services_of(request)
     config, synth = services.config, services.synthesizer
-    r = ParamReader(await read_json_object(request))
-    r.string("model", MODELS[0], choices=MODELS)
-    text = check_text(r.string("input", hint="the text to speak"), config, name="input")
-    voice = _voice(synth, r.raw("voice"))
-    fmt = r.string("response_format", "mp3", choices=RESPONSE_FORMATS, lower=True)
-    sse = r.string("stream_format", "audio", choices=("audio", "sse"), lower=True) == "sse"
-    r.string("instructions", "")
+    body = validate_body(SpeechRequest, await read_json_object(request))
+    text = check_text(check_chars(body.input, "input"), config, name="input")
+    voice = resolve_voice(synth, config.http, body.voice.id if isinstance(body.voice, _VoiceRef) else body.voice)
     base = base_params(config)
-    params = make_params(base, speed=r.number("speed", 1.0, lo=0.25, hi=4.0),
-                         language=r.string("language", base.language, choices=LANGUAGES, lower=True),
-                         seed=r.integer("seed", base.seed, lo=-1, hi=MAX_SEED))
+    language = body.language or base.language
+    if language not in LANGUAGES:
+        raise ApiError(400, f"language must be one of {', '.join(LANGUAGES)}; got {body.language!r}")
+    params = make_params(base, speed=body.speed, language=language,
+                         seed=base.seed if body.seed is None else body.seed)
+    fmt = body.response_format
     chunks = synth.stream(text, voice, params)
     return await stream_audio(request, chunks, fmt, sample_rate=PCM_RATE if fmt == "pcm" else None,
-                              content_type=CONTENT_TYPES[fmt], sse=sse)
+                              content_type=CONTENT_TYPES[fmt], sse=body.stream_format == "sse",
+                              wav_size_unknown=True, usage_text=text)
 
 
-def _voice(synth: Any, value: Any) -> Any:
-    """``voice`` (a name/id string, or an object with ``id``) -> a stored voice, else 400."""
-    if isinstance(value, dict):
-        value = value.get("id")
-    if value is None:
+def resolve_voice(synth: Any, http: Any, value: str | None) -> Voice:
+    """A client's voice name -> a stored voice: the name or id itself, then ``http.voice_aliases``, then (for
+    OpenAI's built-in names) ``http.default_voice`` or the first stored voice by name; else a 400."""
+    if value is None or not value.strip():
         raise ApiError(400, f"voice is required: {voice_names(synth)}")
-    if not isinstance(value, str):
-        raise ApiError(400, f"voice must be a voice name; got {value!r}")
+    check_chars(value, "voice")
     voice = lookup_voice(synth, value)
-    if voice is None:
-        raise ApiError(400, f"voice {value!r} does not exist; {voice_names(synth)}")
-    return voice
+    if voice is not None:
+        return voice
+    aliases = {k.strip().lower(): v for k, v in http.voice_aliases.items()}
+    target = aliases.get(value.strip().lower())
+    if target is not None:
+        voice = lookup_voice(synth, target)
+        if voice is None:
+            raise ApiError(400, f"http.voice_aliases maps {value!r} to {target!r}, which is not a stored voice: "
+                                f"fix the alias; {voice_names(synth)}")
+        return voice
+    if value.strip().lower() in OPENAI_VOICES:
+        if http.default_voice:
+            voice = lookup_voice(synth, http.default_voice)
+            if voice is None:
+                raise ApiError(400, f"http.default_voice {http.default_voice!r} is not a stored voice: fix it; "
+                                    f"{voice_names(synth)}")
+            return voice
+        catalog = voice_catalog(synth)
+        if catalog:
+            log.debug("OpenAI voice %r -> %s (the first stored voice; set http.default_voice)", value,
+                      catalog[0][2].name)
+            return catalog[0][2]
+    raise ApiError(400, f"voice {value!r} does not exist; {voice_names(synth)} (or map it in http.voice_aliases)")
+
+
+def _model_list(request: web.Request) -> list[dict[str, Any]]:
+    created = int(request.app[METRICS].started)
+    return [{"id": m, "object": "model", "created": created, "owned_by": "voicebot"} for m in MODELS]
 
 
 async def _models(request: web.Request) -> web.Response:
-    created = int(request.app[METRICS].started)
-    return web.json_response({"object": "list", "data": [
-        {"id": m, "object": "model", "created": created, "owned_by": "voicebot"} for m in MODELS]})
+    return web.json_response({"object": "list", "data": _model_list(request)})
+
+
+async def _audio_models(request: web.Request) -> web.Response:
+    # Open WebUI's audio router asks for {"models": [{"id": ...}]}
+    return web.json_response({"models": _model_list(request)})
 
 
 async def _voices(request: web.Request) -> web.Response:
@@ -75,4 +139,5 @@ def add_routes(app: web.Application) -> None:
     """Register the OpenAI-compatible routes under ``/v1``."""
     app.router.add_post("/v1/audio/speech", _speech, name="openai:speech")
     app.router.add_get("/v1/models", _models, name="openai:models")
+    app.router.add_get("/v1/audio/models", _audio_models, name="openai:audio_models")
     app.router.add_get("/v1/audio/voices", _voices, name="openai:voices")

@@ -6,16 +6,17 @@ The provider (``public/scripts/extensions/tts/gpt-sovits-v2.js``) lists voices f
 ``media_type: "ogg"``. Here the file stem names the stored voice (its transcript is already stored, so the derived
 ``prompt_text`` is ignored); the SillyTavern adapter's ``target_voice`` is accepted too. Everything else is parsed
 and streamed exactly as api_v2's ``/tts``. Its UI runs in the browser: allow its origin in ``http.cors_origins``.
+It cannot send a token: put its machine in ``http.trusted_networks`` when the API needs one. Errors are a JSON
+string, which its UI shows as the message (it prints ``await response.json()``).
 """
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
 from typing import Any
 
 from aiohttp import web
 
-from bot.http.api_v2 import lookup_voice, parse_tts, read_json_object, respond, voice_catalog
+from bot.http.api_v2 import parse_tts, read_json_object, respond, voice_catalog
 from bot.http.responses import services_of
 
 MEDIA_TYPES = ("wav", "raw", "ogg", "aac", "mp3", "flac")  # what the provider's players can ask for
@@ -36,12 +37,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     services = services_of(request)
     body = await read_json_object(request)
     values: dict[str, Any] = dict(body)
-    ref = body.get("ref_audio_path")
-    if isinstance(ref, str) and lookup_voice(services.synthesizer, ref) is None:
-        stem = PurePosixPath(ref.replace("\\", "/")).stem
-        if lookup_voice(services.synthesizer, stem) is not None:
-            values["ref_audio_path"] = stem
-    elif ref is None:
+    if body.get("ref_audio_path") in (None, ""):
         for key in ("target_voice", "voice_id", "voice"):
             if isinstance(body.get(key), str):
                 values["ref_audio_path"] = body[key]
@@ -49,7 +45,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     values.setdefault("text_lang", "auto")
     if isinstance(values.get("media_type"), str) and values["media_type"].strip().lower() == "auto":
         values["media_type"] = AUTO_MEDIA_TYPE
-    return await respond(request, parse_tts(values, services, media_types=MEDIA_TYPES))
+    # its players are browsers and common decoders, not upstream's own scripts: a streamed WAV says "to the end"
+    return await respond(request, parse_tts(values, services, media_types=MEDIA_TYPES), wav_size_unknown=True)
 
 
 def add_routes(app: web.Application) -> None:

@@ -51,6 +51,7 @@ class FakeSynth:
     def __init__(self, voices: FakeVoices, delay_s: float = 0.02) -> None:
         self.voices = voices
         self.delay_s = delay_s
+        self.early_chunk = False  # True: the first sentence comes as two chunks (early + rest), as the pipeline's
         self.busy = False
         self.calls: list[Call] = []
 
@@ -74,6 +75,10 @@ class FakeSynth:
                 t = np.arange(int(SENTENCE_S * SAMPLE_RATE)) / SAMPLE_RATE
                 audio = (AMPLITUDE * np.sin(2 * np.pi * self.freq(v) * t)).astype(np.float32)
                 call.sentences_done += 1
+                if index == 0 and self.early_chunk:
+                    split = audio.size // 4
+                    yield AudioChunk(audio[:split], sentence, index)
+                    audio = audio[split:]
                 yield AudioChunk(audio, sentence, index)
                 index += 1
             completed = True
@@ -181,3 +186,32 @@ def sentence_freqs(x: np.ndarray, rate: int, n: int) -> list[float]:
     """The dominant frequency of the middle of each of ``n`` consecutive sentences."""
     per = int(SENTENCE_S * rate)
     return [dominant_freq(x[i * per + per // 4: i * per + 3 * per // 4], rate) for i in range(n)]
+
+
+# Which decoders read which format: every format is checked with each common decoder that can read it (soundfile
+# cannot read ADTS AAC; `wave` reads only WAV).
+SOUNDFILE_RAW = {"raw": "PCM_16", "pcm": "PCM_16", "ulaw": "ULAW", "alaw": "ALAW"}
+
+
+def decode_everywhere(data: bytes, fmt: str, pcm_rate: int = SAMPLE_RATE) -> dict[str, tuple[np.ndarray, int]]:
+    """``data`` decoded by soundfile, ``wave`` and PyAV where each can: decoder name -> (mono float, rate)."""
+    import soundfile
+    import wave
+
+    out: dict[str, tuple[np.ndarray, int]] = {}
+    if fmt in SOUNDFILE_RAW:
+        x, rate = soundfile.read(io.BytesIO(data), format="RAW", subtype=SOUNDFILE_RAW[fmt], samplerate=pcm_rate,
+                                 channels=1, dtype="float32")
+        out["soundfile"] = (x, rate)
+        if fmt in ("raw", "pcm"):
+            out["numpy"] = (pcm_samples(data), pcm_rate)
+        return out
+    if fmt != "aac":
+        x, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        out["soundfile"] = (x[:, 0], rate)
+    if fmt == "wav":
+        with wave.open(io.BytesIO(data)) as w:
+            frames = w.readframes(w.getnframes())  # a streamed header says "to the end"
+            out["wave"] = (pcm_samples(frames), w.getframerate())
+    out["pyav"] = av_samples(data)
+    return out

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,27 +207,38 @@ async def test_openai_speech_formats(env: Env, fmt: str) -> None:
 # ---- the stream-input WebSocket ----------------------------------------------------------------------------------
 
 async def test_stream_input_speaks_before_the_text_is_complete(env: Env) -> None:
-    piece_len, delay_s = 6, 0.12  # a chat model writing ~50 characters a second, pieces ending mid-word
+    piece_len = 6  # a chat model's pieces, ending mid-word
     pieces = [STREAM_TEXT[i:i + piece_len] for i in range(0, len(STREAM_TEXT), piece_len)]
-    received: list[tuple[float, dict[str, Any]]] = []
+    received: list[tuple[int, dict[str, Any]]] = []  # (text pieces sent when it arrived, message)
+    sent = 0
+    first_audio = asyncio.Event()
 
     async def collect(ws: aiohttp.ClientWebSocketResponse) -> None:
         async for msg in ws:
             if msg.type == aiohttp.WSMsgType.TEXT:
-                received.append((time.monotonic(), msg.json()))
+                m = msg.json()
+                received.append((sent, m))
+                if m["type"] == "audio":
+                    first_audio.set()
 
     url = env.url + f"/v1/tts/stream-input?voice=bob&language=en&seed={SEED}"
+    head = next(i for i in range(len(pieces)) if "".join(pieces[:i]).count(".") >= 1) + 1
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         reader = asyncio.create_task(collect(ws))
-        for piece in pieces:
+        for piece in pieces[:head]:  # the first sentence and the start of the second
+            sent += 1
             await ws.send_json({"text": piece})
-            await asyncio.sleep(delay_s)
-        last_sent = time.monotonic()
+        # the rest waits until the first sentence is heard: a server that speaks only once the input is complete
+        # never gets past this (the wait is a hang guard, not a speed verdict)
+        await asyncio.wait_for(first_audio.wait(), 120)
+        for piece in pieces[head:]:
+            sent += 1
+            await ws.send_json({"text": piece})
         await ws.send_json({"close": True})
-        await asyncio.wait_for(reader, 60)
-    audio = [(t, m) for t, m in received if m["type"] == "audio"]
+        await asyncio.wait_for(reader, 120)
+    audio = [(n, m) for n, m in received if m["type"] == "audio"]
     assert [m["type"] for _, m in received] == ["ready"] + ["audio"] * 4 + ["done"]
-    assert audio[0][0] < last_sent  # the first sentence was heard while the text was still being written
+    assert audio[0][0] < len(pieces)  # the first sentence was heard while the text was still being written
     assert [m["sentence"] for _, m in audio] == ["The first sentence is here.", "Then comes the second one!",
                                                  "Is this the third?", "And the last."]
     pcm = b"".join(base64.b64decode(m["audio"]) for _, m in audio)
@@ -311,3 +321,49 @@ async def test_bench_http_measures_every_protocol_cold_and_warm(tiny_models: Pat
     printed = capsys.readouterr().out
     assert "first byte ms" in printed and all(p in printed for p in protocols)
     assert set(Path(tempfile.gettempdir()).glob("voicebot-bench-http-*")) == temps_before  # nothing left behind
+
+
+# ---- admission ---------------------------------------------------------------------------------------------------
+
+async def test_a_full_synthesizer_answers_busy_at_once_on_every_door(env: Env) -> None:
+    """Two open WebSocket runs hold the two places the synthesizer admits; every other door is then refused with
+    503 + Retry-After (the WebSocket with a busy error and close code 1013), and served again once they close."""
+    limits = env.server_synth.limits
+    env.server_synth.limits = dataclasses.replace(limits, queue_size=2)
+    try:
+        async with aiohttp.ClientSession() as session:
+            holders = []
+            for name in ("alice", "bob"):
+                ws = await session.ws_connect(env.url + f"/v1/tts/stream-input?voice={name}&language=en")
+                await ws.receive_json()  # ready
+                await ws.send_json({"text": "Hello there. "})  # the run stays open: more text may come
+                assert (await asyncio.wait_for(ws.receive_json(), 60))["type"] == "audio"
+                holders.append(ws)
+            doors = [("GET", "/tts", {"params": {"text": TEXT, "text_lang": "en", "ref_audio_path": "alice",
+                                                 "streaming_mode": "1"}}),
+                     ("POST", "/", {"json": {"text": TEXT, "ref_audio_path": "./参考音频/bob.wav"}}),
+                     ("POST", "/v1/audio/speech", {"json": {"input": TEXT, "voice": "alice"}})]
+            for method, path, kwargs in doors:
+                async with session.request(method, env.url + path, **kwargs) as r:
+                    assert r.status == 503, (path, await r.text())
+                    assert r.headers["Retry-After"] == "2"
+            async with session.ws_connect(env.url + "/v1/tts/stream-input?voice=alice") as ws:
+                await ws.receive_json()
+                await ws.send_json({"text": "Hello.", "close": True})
+                err = await asyncio.wait_for(ws.receive_json(), 60)
+                assert err["type"] == "error" and err["status"] == 503 and err["retry_after_s"] == 2
+                assert (await ws.receive()).data == 1013
+            for ws in holders:
+                await ws.close()
+            statuses = []
+            for _ in range(100):  # the server notices the closes and releases both places
+                async with session.get(env.url + "/tts", params={"text": "Hi there.", "text_lang": "en",
+                                                                 "ref_audio_path": "alice", "media_type": "raw"}) as r:
+                    statuses.append(r.status)
+                    body = await r.read()
+                if r.status != 503:
+                    break
+                await asyncio.sleep(0.05)
+            assert statuses[-1] == 200 and len(body) > 0, statuses
+    finally:
+        env.server_synth.limits = limits

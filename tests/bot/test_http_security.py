@@ -15,19 +15,6 @@ from bot.config import ConfigError
 TOKEN_ENV = "VOICEBOT_TEST_TOKEN"
 
 
-@pytest.fixture
-async def session():
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
-@pytest.fixture
-async def server(tmp_path):
-    srv = await start(tmp_path)
-    yield srv
-    await srv.close()
-
-
 async def tts(session, srv: Server, ref: str) -> tuple[int, dict | bytes]:
     async with session.get(srv.url + "/tts", params={"text": "Hello.", "text_lang": "en",
                                                      "ref_audio_path": ref}) as r:
@@ -104,7 +91,7 @@ async def test_token_is_required_when_set(tmp_path, session, monkeypatch) -> Non
         async with session.get(srv.url + "/tts", params=q, headers={"Authorization": "Bearer wrong"}) as r:
             assert r.status == 401 and "the token is wrong" in (await r.json())["message"]
         async with session.get(srv.url + "/tts", params={**q, "token": "s3cret-token"}) as r:
-            assert r.status == 401  # query tokens only for the WebSocket
+            assert r.status == 200  # for clients that can only set a URL
         async with session.get(srv.url + "/tts", params=q, headers={"Authorization": "Bearer s3cret-token"}) as r:
             assert r.status == 200
         async with session.get(srv.url + "/metrics") as r:
@@ -116,7 +103,7 @@ async def test_token_is_required_when_set(tmp_path, session, monkeypatch) -> Non
         assert e.value.status == 401
         async with session.ws_connect(srv.url + "/v1/tts/stream-input?voice=bob&token=s3cret-token") as ws:
             assert (await ws.receive_json())["type"] == "ready"
-        assert len(srv.synth.calls) == 1
+        assert len(srv.synth.calls) == 2
     finally:
         await srv.close()
 
@@ -135,7 +122,7 @@ async def test_rate_limit_per_client(tmp_path, session) -> None:
     try:
         statuses = []
         for _ in range(4):
-            async with session.get(srv.url + "/speakers") as r:
+            async with session.get(srv.url + "/v1/models") as r:
                 statuses.append(r.status)
                 if r.status == 429:
                     assert int(r.headers["Retry-After"]) == 20  # one request per 20 s

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 
 import aiohttp
 import numpy as np
@@ -24,42 +23,49 @@ async def server(tmp_path):
     await srv.close()
 
 
-@pytest.fixture
-async def session():
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 def pieces(text: str, size: int = 7) -> list[str]:
     """Fixed-size pieces: most of them end mid-word."""
     return [text[i:i + size] for i in range(0, len(text), size)]
 
 
-async def collect(ws: aiohttp.ClientWebSocketResponse, received: list[tuple[float, dict]]) -> None:
+async def collect(ws: aiohttp.ClientWebSocketResponse, received: list[tuple[int, dict]],
+                  sent: list[str], first_audio: asyncio.Event | None = None) -> None:
+    """Record each message with the number of text pieces sent when it arrived."""
     async for msg in ws:
         if msg.type == aiohttp.WSMsgType.TEXT:
-            received.append((time.monotonic(), msg.json()))
+            m = msg.json()
+            received.append((len(sent), m))
+            if first_audio is not None and m["type"] == "audio":
+                first_audio.set()
 
 
 async def test_first_audio_arrives_before_the_last_piece_is_sent(server: Server, session) -> None:
-    received: list[tuple[float, dict]] = []
+    received: list[tuple[int, dict]] = []
+    sent: list[str] = []
+    first_audio = asyncio.Event()
     async with session.ws_connect(server.url + "/v1/tts/stream-input?voice=carol&speed=1.1&language=en") as ws:
-        reader = asyncio.create_task(collect(ws, received))
+        reader = asyncio.create_task(collect(ws, received, sent, first_audio))
         parts = pieces(TEXT)
-        for part in parts:
+        head = next(i for i in range(len(parts)) if "".join(parts[:i]).count(".") >= 1) + 1
+        for part in parts[:head]:  # the first sentence and the start of the second
+            sent.append(part)
             await ws.send_json({"text": part})
-            await asyncio.sleep(0.08)  # a chat model writing: 13 pieces over ~1 s
-        last_sent = time.monotonic()
+        # A chat model still writing: the rest waits until the first sentence is heard (a server that speaks only
+        # at the end of the input never gets here; the wait is a hang guard, not a speed verdict).
+        await asyncio.wait_for(first_audio.wait(), 30)
+        for part in parts[head:]:
+            sent.append(part)
+            await ws.send_json({"text": part})
         await ws.send_json({"close": True})
-        await asyncio.wait_for(reader, 10)
+        await asyncio.wait_for(reader, 30)
     kinds = [m["type"] for _, m in received]
     assert kinds == ["ready"] + ["audio"] * 4 + ["done"]
     assert received[0][1] == {"type": "ready", "voice": "carol", "format": "pcm", "sample_rate": 32000}
-    audio = [(t, m) for t, m in received if m["type"] == "audio"]
-    assert audio[0][0] < last_sent - 0.3  # spoken while the text was still being written
+    audio = [(n, m) for n, m in received if m["type"] == "audio"]
+    assert audio[0][0] < len(pieces(TEXT))  # spoken while the text was still being written
     assert [m["sentence"] for _, m in audio] == ["The first sentence is here.", "Then comes the second one!",
                                                  "Is this the third?", "And the last."]
-    assert [m["index"] for _, m in audio] == [0, 1, 2, 3]
+    assert [(m["index"], m["chunk"]) for _, m in audio] == [(0, 0), (1, 0), (2, 0), (3, 0)]
     pcm = b"".join(base64.b64decode(m["audio"]) for _, m in audio)
     x = pcm_samples(pcm)
     assert x.size == 4 * int(SENTENCE_S * 32000)
@@ -83,8 +89,11 @@ async def test_flush_speaks_an_unfinished_sentence_now(server: Server, session) 
         async for msg in ws:
             rest.append(msg.json())
     assert [m["type"] for m in rest] == ["audio", "audio", "done"]  # second run, then the encoder's tail
-    assert rest[0]["sentence"] == "Second run." and rest[0]["index"] == 1
+    assert rest[0]["sentence"] == "Second run." and (rest[0]["index"], rest[0]["chunk"]) == (1, 0)
+    assert (rest[1]["index"], rest[1]["chunk"]) == (1, 1)  # the resampler's tail: one more piece of the last
+    assert rest[2]["sentences"] == 2 and rest[2]["chunks"] == 3
     data = b"".join(base64.b64decode(m["audio"]) for m in [first] + rest[:-1])
+    assert data[4:8] == data[40:44] == b"\xff\xff\xff\xff"  # sizes unknown: read to the end
     x, rate = wav_samples(data)  # one continuous WAV stream, resampled to 16 kHz
     assert rate == 16000 and abs(x.size / rate - 2 * SENTENCE_S) < 0.01
     assert all(abs(f - VOICE_FREQS["bob"]) < FREQ_TOL for f in sentence_freqs(x, rate, 2))
@@ -114,7 +123,7 @@ async def test_protocol_errors_close_with_a_message(server: Server, session) -> 
     async with session.ws_connect(server.url + "/v1/tts/stream-input?voice=alice") as ws:
         await ws.receive_json()
         await ws.send_str("not json")
-        assert "must be a JSON object" in (await ws.receive_json())["message"]
+        assert "each frame is not valid JSON" in (await ws.receive_json())["message"]
     async with session.ws_connect(server.url + "/v1/tts/stream-input?voice=alice") as ws:
         await ws.receive_json()
         await ws.send_json({"text": 5})
@@ -128,6 +137,7 @@ async def test_busy_synthesizer_closes_with_try_again_later(server: Server, sess
         await ws.send_json({"text": "Hello.", "close": True})
         err = await ws.receive_json()
         assert err["type"] == "error" and "queue is full" in err["message"]
+        assert err["status"] == 503 and err["retry_after_s"] == 2
         msg = await ws.receive()
         assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1013
 
@@ -164,3 +174,30 @@ async def test_text_limit_per_connection(tmp_path, session) -> None:
         assert np.all([m["type"] != "done" for m in msgs])
     finally:
         await srv.close()
+
+
+async def test_chunks_of_one_sentence_share_its_index(server: Server, session) -> None:
+    server.synth.early_chunk = True  # as the pipeline does: an early chunk of the first sentence, then the rest
+    async with session.ws_connect(server.url + "/v1/tts/stream-input?voice=alice") as ws:
+        await ws.receive_json()
+        await ws.send_json({"text": TEXT, "close": True})
+        messages = [msg.json() async for msg in ws]
+    audio = [m for m in messages if m["type"] == "audio"]
+    assert [(m["index"], m["chunk"]) for m in audio] == [(0, 0), (0, 1), (1, 0), (2, 0), (3, 0)]
+    assert audio[0]["sentence"] == audio[1]["sentence"] == "The first sentence is here."
+    done = messages[-1]
+    assert done["type"] == "done" and done["sentences"] == 4 and done["chunks"] == 5
+    x = pcm_samples(b"".join(base64.b64decode(m["audio"]) for m in audio))
+    assert x.size == 4 * int(SENTENCE_S * 32000)  # the two pieces make the whole first sentence
+
+
+async def test_unknown_query_parameters_and_frame_fields_are_refused(server: Server, session) -> None:
+    async with session.get(server.url + "/v1/tts/stream-input?voice=bob&output_format=mp3_44100_128") as r:
+        assert r.status == 400
+        assert "unknown query parameter 'output_format'" in (await r.json())["message"]
+    async with session.ws_connect(server.url + "/v1/tts/stream-input?voice=bob") as ws:
+        await ws.receive_json()
+        await ws.send_json({"text": "Hi.", "isFinal": True})
+        err = await ws.receive_json()
+    assert err["type"] == "error" and "unknown field 'isFinal'" in err["message"] and err["status"] == 400
+    assert server.synth.calls == []

@@ -1,0 +1,188 @@
+"""ElevenLabs' stream-input WebSocket, as a second dialect on the same session and pipeline.
+
+``ws://HOST:PORT/v1/text-to-speech/{voice}/stream-input?output_format=...``: ``{voice}`` is a stored voice's name
+or id, or a name mapped by ``http.voice_aliases`` (map the ElevenLabs voice ids a client has built in). The key
+goes in the ``xi-api-key`` header, ``?xi_api_key=``, or (browsers) the first frame's ``xi_api_key`` or
+``authorization: "Bearer ..."``.
+
+Query parameters: ``output_format`` (``mp3_22050_32``, ``mp3_44100_{32,64,96,128,192}`` as MPEG audio,
+``pcm_{8000,16000,22050,24000,44100,48000}`` as raw s16le, ``ulaw_8000``/``alaw_8000`` as raw G.711,
+``opus_48000_{32,64,96,128,192}`` as Ogg Opus; default ``mp3_44100_128``; the bitrate part is accepted and the
+encoder's own bitrate is used), ``inactivity_timeout`` (1-180 s, default ``http.ws_idle_timeout_s``),
+``language_code`` (one this model speaks: en, zh, ja, ko, yue), ``seed``; and, accepted without effect,
+``model_id``, ``sync_alignment``, ``auto_mode``, ``apply_text_normalization``, ``enable_logging``,
+``enable_ssml_parsing``, ``optimize_streaming_latency``. Any other parameter is refused with a 400.
+
+Frames: ``{"text": " ", "voice_settings": {...}, "generation_config": {...}, "xi_api_key": ...}`` first (the
+single space opens the stream), then ``{"text": "piece "}``, with ``"flush": true`` to speak what is pending now
+(``try_trigger_generation`` is accepted: sentences are spoken as soon as they are complete anyway), and
+``{"text": ""}`` for the end of input. ``voice_settings.speed`` sets the rate; stability, similarity_boost, style and
+use_speaker_boost are accepted without effect (the voice's reference sets its style). Messages:
+``{"audio": base64, "isFinal": false, "normalizedAlignment": null, "alignment": null}`` per piece, then
+``{"isFinal": true}`` and a normal close; ``{"message", "error", "code"}`` then a close on failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from bot.http import guard, ws_session
+from bot.http.api_v2 import MAX_SEED, ParamReader, base_params, make_params, parse_json_object
+from bot.http.openai_speech import resolve_voice
+from bot.http.responses import ApiError, AudioOut, services_of
+from bot.http.stream_input import refuse_unknown
+from bot.http.ws_session import Input, Piece, Session, b64
+from synthesis import LANGUAGES, SAMPLE_RATE
+
+DEFAULT_FORMAT = "mp3_44100_128"  # ElevenLabs' default
+# output_format -> (synthesis.audio / G.711 format, sample rate Hz)
+OUTPUT_FORMATS: dict[str, tuple[str, int]] = {
+    "mp3_22050_32": ("mp3", 22050),
+    **{f"mp3_44100_{kbps}": ("mp3", 44100) for kbps in (32, 64, 96, 128, 192)},
+    **{f"pcm_{rate}": ("pcm", rate) for rate in (8000, 16000, 22050, 24000, 44100, 48000)},
+    "ulaw_8000": ("ulaw", 8000),
+    "alaw_8000": ("alaw", 8000),
+    **{f"opus_48000_{kbps}": ("opus", 48000) for kbps in (32, 64, 96, 128, 192)},
+}
+IGNORED = ("model_id", "sync_alignment", "auto_mode", "apply_text_normalization", "enable_logging",
+           "enable_ssml_parsing", "optimize_streaming_latency")
+PARAMETERS = ("output_format", "inactivity_timeout", "language_code", "seed") + IGNORED + guard.QUERY_CREDENTIALS
+FRAME_KEYS = ("text", "flush", "try_trigger_generation", "voice_settings", "generation_config", "xi_api_key",
+              "authorization", "pronunciation_dictionary_locators")
+VOICE_SETTINGS = ("stability", "similarity_boost", "style", "use_speaker_boost", "speed")
+MAX_INACTIVITY_S = 180  # ElevenLabs' own bound on inactivity_timeout
+_LANGUAGE_CODES = {"en": "en", "zh": "zh", "ja": "ja", "ko": "ko", "yue": "yue", "cmn": "zh"}
+
+
+class ElevenLabsDialect:
+    """ElevenLabs' frames and messages (the module docstring)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self._auth_pending = bool(request.get(guard.AUTH_DEFERRED))
+        self._first = True
+
+    def parse(self, data: str) -> Input:
+        message = parse_json_object(data, "each frame")
+        unknown = sorted(set(message) - set(FRAME_KEYS))
+        if unknown:
+            raise ApiError(400, f"unknown field {unknown[0]!r} in a frame: ElevenLabs' stream-input takes "
+                                f"{', '.join(FRAME_KEYS)}")
+        first, self._first = self._first, False
+        if self._auth_pending:
+            key = message.get("xi_api_key") or message.get("authorization") or ""
+            key = key[7:].strip() if isinstance(key, str) and key[:7].lower() == "bearer " else key
+            if not isinstance(key, str) or not key:
+                raise ApiError(401, "this API needs a key: send the xi-api-key header, or xi_api_key in the first "
+                                    "frame")
+            guard.verify_token(self._request, key)
+            self._auth_pending = False
+        speed = None
+        if "voice_settings" in message or "generation_config" in message:
+            if not first:
+                raise ApiError(400, "voice_settings and generation_config may only come in the first frame")
+            speed = _settings(message.get("voice_settings"), message.get("generation_config"))
+        text = message.get("text")
+        if text is None and first:
+            raise ApiError(400, "the first frame must have text (a single space opens the stream): "
+                                "{\"text\": \" \"}")
+        if text is not None and not isinstance(text, str):
+            raise ApiError(400, f"text must be a string; got {text!r}")
+        for flag in ("flush", "try_trigger_generation"):
+            if flag in message and not isinstance(message[flag], bool):
+                raise ApiError(400, f"{flag} must be true or false; got {message[flag]!r}")
+        return Input(text or "", flush=message.get("flush") is True, end=text == "", speed=speed)
+
+    def ready(self) -> None:
+        return None
+
+    def audio(self, piece: Piece) -> dict[str, Any]:
+        return {"audio": b64(piece.data), "isFinal": False, "normalizedAlignment": None, "alignment": None}
+
+    def done(self, sentences: int, chunks: int, audio_s: float) -> dict[str, Any]:
+        return {"isFinal": True}
+
+    def error(self, status: int, message: str) -> dict[str, Any]:
+        kind = {400: "invalid_request", 401: "invalid_api_key", 429: "rate_limited", 503: "system_busy",
+                504: "timeout"}.get(status, "internal_error")
+        return {"message": message, "error": kind, "code": 1008 if status < 500 else 1011}
+
+
+def _settings(voice_settings: Any, generation_config: Any) -> float | None:
+    """Validate the first frame's settings; return ``voice_settings.speed`` (None when not sent)."""
+    speed = None
+    if voice_settings is not None:
+        if not isinstance(voice_settings, dict):
+            raise ApiError(400, f"voice_settings must be an object; got {voice_settings!r}")
+        unknown = sorted(set(voice_settings) - set(VOICE_SETTINGS))
+        if unknown:
+            raise ApiError(400, f"unknown voice setting {unknown[0]!r}: use {', '.join(VOICE_SETTINGS)}")
+        r = ParamReader(voice_settings)
+        for name in ("stability", "similarity_boost", "style"):
+            r.number(name, 0.5, lo=0.0, hi=1.0)
+        r.boolean("use_speaker_boost", True)
+        if voice_settings.get("speed") is not None:
+            speed = r.number("speed", 1.0, lo=0.25, hi=4.0)
+    if generation_config is not None:
+        schedule = generation_config.get("chunk_length_schedule") if isinstance(generation_config, dict) else None
+        if not isinstance(generation_config, dict) or set(generation_config) - {"chunk_length_schedule"} \
+                or not (schedule is None or (isinstance(schedule, list)
+                                             and all(isinstance(x, (int, float)) for x in schedule))):
+            raise ApiError(400, "generation_config takes chunk_length_schedule, a list of numbers")
+    return speed
+
+
+def _options(request: web.Request) -> tuple[Any, Any, str, int, float]:
+    """Voice, SynthesisParams, format, rate and idle timeout from the path and query (400 before the upgrade)."""
+    services = services_of(request)
+    config, synth = services.config, services.synthesizer
+    refuse_unknown(request.query, PARAMETERS, "ElevenLabs' stream-input here")
+    r = ParamReader(request.query)
+    name = r.string("output_format", DEFAULT_FORMAT, lower=True)
+    if name not in OUTPUT_FORMATS:
+        raise ApiError(400, f"output_format {name!r} is not available: use one of {', '.join(OUTPUT_FORMATS)}")
+    fmt, rate = OUTPUT_FORMATS[name]
+    idle = r.number("inactivity_timeout", config.http.ws_idle_timeout_s, lo=1.0, hi=MAX_INACTIVITY_S)
+    base = base_params(config)
+    language = base.language
+    code = r.string("language_code", None, lower=True)
+    if code is not None:
+        language = _LANGUAGE_CODES.get(code, "")
+        if language not in LANGUAGES:
+            raise ApiError(400, f"language_code {code!r} is not one this model speaks: use one of "
+                                f"{', '.join(_LANGUAGE_CODES)}")
+    params = make_params(base, language=language, seed=r.integer("seed", base.seed, lo=-1, hi=MAX_SEED))
+    for flag in ("sync_alignment", "enable_logging", "enable_ssml_parsing", "auto_mode"):
+        r.boolean(flag, False)
+    voice = resolve_voice(synth, config.http, request.match_info["voice"])
+    return voice, params, fmt, rate, idle
+
+
+async def _handler(request: web.Request) -> web.WebSocketResponse:
+    services = services_of(request)
+    if request.get(guard.AUTH_DEFERRED):  # no key yet: reveal nothing (voice names) before the first frame's key
+        if not web.WebSocketResponse().can_prepare(request).ok:
+            raise ApiError(401, "this API needs a key: send the xi-api-key header")
+        try:
+            voice, params, fmt, rate, idle = _options(request)
+        except ApiError as e:
+            raise ApiError(e.status, "this request is not valid; send the key in the xi-api-key header to see why"
+                           ) from None
+    else:
+        voice, params, fmt, rate, idle = _options(request)
+    config = services.config
+    ws = ws_session.websocket(request, config.http.max_body_kb)
+    await ws.prepare(request)
+    out = AudioOut(fmt, SAMPLE_RATE, rate)
+    session = Session(request, ws, ElevenLabsDialect(request), services.synthesizer, voice, params, out,
+                      max_chars=config.http.max_text_chars, idle_s=idle)
+    await ws_session.run_session(request, session)
+    return ws
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the WebSocket route."""
+    app.router.add_get("/v1/text-to-speech/{voice}/stream-input", _handler, name="elevenlabs:stream_input")
+
