@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from engines.base import SpeechError
+from synthesis import SpeechError
 
 log = logging.getLogger("bot")
 
@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     sub.add_parser("run", parents=[common], help="start the Discord bot and the local HTTP API")
+    sub.add_parser("check-token", parents=[common],
+                   help="ask Discord whether it accepts the bot token (before downloading the models)")
     sp = sub.add_parser("serve", parents=[common], help="start only the local HTTP API")
     sp.add_argument("--host")
     sp.add_argument("--port", type=int)
@@ -77,8 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("bench", parents=[common], help="benchmark the engines (prints a table)")
     sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     sp.add_argument("--sizes", default="tiny,real")
-    sp.add_argument("--engines", default="naive,torch,int8,onnx,pipeline",
-                    help="any of naive, torch, int8, onnx, pipeline")
+    sp.add_argument("--engines", default="naive,torch,int8,onnx,pipeline,accuracy",
+                    help="any of naive, torch, int8, onnx, pipeline, accuracy (int8 vs fp32, teacher-forced)")
+    sp.add_argument("--contend", default="0", help="busy-looping processes beside the measurements: N, or 0,1")
     sp.add_argument("--batches", default="1,8")
     sp.add_argument("--steps", type=int, default=100, help="decode steps per measurement (100: a 4 s sentence)")
     sp = sub.add_parser("bench-streams", parents=[common],
@@ -113,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # ---- commands -------------------------------------------------------------------------------------------------
 
 def _make_tiny(args: argparse.Namespace) -> int:
-    from engines.gpt_sovits.tiny import write_model_set
+    from engines import write_model_set
 
     paths = write_model_set(args.dir, size=args.size, seed=args.seed)
     config = {
@@ -170,9 +173,25 @@ def _run(config: Any, args: argparse.Namespace) -> int:
     if (missing := _check_models(config)) is not None:
         print(missing, file=sys.stderr)
         return 2
+    from bot.client import check_token
+
+    asyncio.run(check_token(config.discord, token))  # one line now, not a traceback after loading the models
     from bot.app import run_bot_and_api
 
     asyncio.run(run_bot_and_api(config, token))
+    return 0
+
+
+def _check_token(config: Any, args: argparse.Namespace) -> int:
+    token = config.secret(config.discord.token_env)
+    if token is None:
+        print(f"set the {config.discord.token_env} environment variable to your bot token "
+              f"(Discord developer portal -> your application -> Bot -> Reset Token)", file=sys.stderr)
+        return 2
+    from bot.client import check_token
+
+    asyncio.run(check_token(config.discord, token))
+    print(f"Discord accepts the token in {config.discord.token_env}")
     return 0
 
 
@@ -187,7 +206,48 @@ def _serve(config: Any, args: argparse.Namespace) -> int:
 
 
 def _say(config: Any, args: argparse.Namespace) -> int:
+    # everything that can be wrong with the command line is said before the models load
+    if args.ref is None and not args.voice:
+        print("error: give --voice NAME (a stored voice) or --ref CLIP (a reference recording)", file=sys.stderr)
+        return 2
+    for option in ("lang", "ref_lang"):
+        _check_language(getattr(args, option), "--" + option.replace("_", "-"))
+    if args.ref is not None:
+        args.ref_bytes = _read_clip(config, args.ref)
+    elif args.voice:
+        _find_voice(config, args.voice)
+    if (missing := _check_models(config)) is not None:
+        print(missing, file=sys.stderr)
+        return 2
     return asyncio.run(_say_async(config, args))
+
+
+def _check_language(language: str | None, option: str) -> None:
+    """Refuse an unknown language code in one line."""
+    from synthesis import LANGUAGES
+
+    if language is not None and language not in LANGUAGES:
+        raise SpeechError(f"{option} {language!r} is not a language code: use one of {', '.join(LANGUAGES)}")
+
+
+def _read_clip(config: Any, path: Path) -> bytes:
+    """A clip's bytes, refused in one line when it is missing, not a file or too large (checked before reading)."""
+    from synthesis import read_upload_file
+
+    from bot.services import MB
+
+    return read_upload_file(path, max_bytes=int(config.voices.max_upload_mb * MB))
+
+
+def _find_voice(config: Any, name: str) -> Any:
+    """A stored voice by name or id (VoiceNotFound names how to list them)."""
+    from synthesis import VoiceNotFound, VoiceStore
+
+    store = VoiceStore(config.voices.dir)
+    try:
+        return store.get(name)
+    except VoiceNotFound:
+        return store.find(name)
 
 
 async def _say_async(config: Any, args: argparse.Namespace) -> int:
@@ -211,7 +271,7 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
         if args.ref is not None:
             lang = args.ref_lang or params.language
             temp_voice, warnings = await synth.create_voice(
-                f"cli-{int(time.time())}", args.ref.read_bytes(), args.ref.name, transcript=args.ref_text or None,
+                f"cli-{int(time.time())}", args.ref_bytes, args.ref.name, transcript=args.ref_text or None,
                 language=lang, consent=_OPERATOR_CONSENT)
             for w in warnings:
                 print(f"warning: {w}", file=sys.stderr)
@@ -266,6 +326,15 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
 
 
 def _voices_add(config: Any, args: argparse.Namespace) -> int:
+    from synthesis import check_name
+
+    check_name(args.name)  # what the store would refuse is refused before the clip is read or encoded
+    _check_language(args.lang, "--lang")
+    clip = _read_clip(config, args.clip)
+    if (missing := _check_models(config)) is not None:
+        print(missing, file=sys.stderr)
+        return 2
+
     async def go() -> int:
         from tqdm import tqdm
 
@@ -279,7 +348,7 @@ def _voices_add(config: Any, args: argparse.Namespace) -> int:
                     bar.update(int(frac * 100) - bar.n)
 
                 voice, warnings = await synth.create_voice(
-                    args.name, args.clip.read_bytes(), args.clip.name, transcript=args.text, language=args.lang,
+                    args.name, clip, args.clip.name, transcript=args.text, language=args.lang,
                     consent=_OPERATOR_CONSENT,
                     progress=progress)
             for w in warnings:
@@ -305,7 +374,7 @@ async def _precompute_with_bar(synth: Any, voice: Any, phrases: Sequence[str]) -
 
 
 def _voices_list(config: Any, args: argparse.Namespace) -> int:
-    from synthesis.voices import VoiceStore
+    from synthesis import VoiceStore
 
     voices = VoiceStore(config.voices.dir).list()
     if not voices:
@@ -317,20 +386,34 @@ def _voices_list(config: Any, args: argparse.Namespace) -> int:
 
 
 def _voices_delete(config: Any, args: argparse.Namespace) -> int:
-    from synthesis.cache import SynthesisCache
-    from synthesis.voices import VoiceStore
+    from synthesis import SynthesisCache, VoiceStore
 
     from bot.services import MB
 
-    cache = SynthesisCache(config.cache.dir, config.cache.prosody_mb * MB, config.cache.audio_mb * MB)
+    cache = SynthesisCache(config.cache.dir, config.cache.prosody_mb * MB, config.cache.audio_mb * MB,
+                           reuse_random=config.cache.reuse_random)
     try:
         store = VoiceStore(config.voices.dir, cache=cache)
         voice = store.find(args.name)
         store.delete(voice.id)
-        print(f"deleted voice {voice.name!r} and everything derived from it")
     finally:
         cache.close()
+    rows = asyncio.run(_forget_voice_rows(config, voice.id))
+    print(f"deleted voice {voice.name!r} and everything derived from it"
+          + (f" ({rows} database row(s) naming it)" if rows else ""))
     return 0
+
+
+async def _forget_voice_rows(config: Any, voice_id: str) -> int:
+    """Remove the bot database's rows that name a voice (consent, shares, settings); how many went."""
+    from bot.store import Store
+
+    path = Path(config.discord.database)
+    if not path.exists():  # no bot has run here: nothing names the voice
+        return 0
+    async with Store(path) as store:
+        counts = await store.forget_voice(voice_id)
+    return sum(counts.values())
 
 
 def _phrases_precompute(config: Any, args: argparse.Namespace) -> int:
@@ -352,7 +435,7 @@ def _phrases_precompute(config: Any, args: argparse.Namespace) -> int:
 
 
 def _engines_build(config: Any, args: argparse.Namespace) -> int:
-    from engines.export import build_engines
+    from engines import build_engines
 
     build_engines(config.engine, config.models, backend=args.backend)
     return 0
@@ -378,6 +461,7 @@ def _bench_http(config: Any, args: argparse.Namespace) -> int:
 
 _COMMANDS = {
     ("run", None): _run,
+    ("check-token", None): _check_token,
     ("serve", None): _serve,
     ("say", None): _say,
     ("voices", "add"): _voices_add,

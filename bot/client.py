@@ -19,12 +19,14 @@ import discord.http
 import yarl
 from discord.ext import commands
 
+from synthesis import SpeechError
+
 from bot.config import ConfigError, DiscordConfig
 
 if TYPE_CHECKING:
     from bot.services import Services
 
-__all__ = ("VoiceBot", "run_bot", "ssl_context_for")
+__all__ = ("VoiceBot", "run_bot", "ssl_context_for", "check_token")
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,45 @@ def ssl_context_for(cfg: DiscordConfig) -> ssl.SSLContext:
                 "point it at a readable PEM file or set it to null"
             ) from e
     return ctx
+
+
+TOKEN_CHECK_TIMEOUT_S = 15.0  # seconds to wait for Discord's answer about the token
+
+
+def _token_refused(cfg: DiscordConfig) -> ConfigError:
+    return ConfigError(f"Discord refused the token in {cfg.token_env}: copy it again from the developer portal "
+                       "(your application -> Bot -> Reset Token)")
+
+
+def _unreachable(cfg: DiscordConfig, e: BaseException) -> SpeechError:
+    reason = str(e) or type(e).__name__
+    return SpeechError(f"cannot reach Discord at {cfg.api_base} ({reason}): check the network connection "
+                       "(or discord.api_base in config.yaml)")
+
+
+async def check_token(cfg: DiscordConfig, token: str) -> None:
+    """Ask Discord whether ``token`` is a bot token it accepts (``GET /users/@me``), in one request.
+
+    Raises
+    ------
+    ConfigError
+        Discord refused the token (the message names the environment variable).
+    SpeechError
+        Discord could not be reached, or answered with something other than a user.
+    """
+    url = cfg.api_base.rstrip("/") + "/users/@me"
+    timeout = aiohttp.ClientTimeout(total=TOKEN_CHECK_TIMEOUT_S)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.get(url, headers={"Authorization": f"Bot {token}"},
+                                   ssl=ssl_context_for(cfg)) as resp:
+                if resp.status == 401:
+                    raise _token_refused(cfg)
+                if resp.status >= 400:
+                    raise SpeechError(f"Discord answered {resp.status} {resp.reason} to the token check at {url}; "
+                                      "try again later")
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        raise _unreachable(cfg, e) from None
 
 
 def _intents() -> discord.Intents:
@@ -116,7 +157,14 @@ class VoiceBot(commands.Bot):
         connector = self.http.connector
         if connector is discord.utils.MISSING or connector.closed:
             self.http.connector = aiohttp.TCPConnector(limit=0, ssl=ssl_context_for(cfg))
-        await super().login(token)
+        try:
+            await super().login(token)
+        except discord.LoginFailure:
+            raise _token_refused(cfg) from None
+        except aiohttp.ClientSSLError:
+            raise  # a TLS trust problem (discord.ca_file) is not "unreachable"; check_token words it for the CLI
+        except (aiohttp.ClientConnectionError, OSError, TimeoutError) as e:
+            raise _unreachable(cfg, e) from None
 
     async def setup_hook(self) -> None:
         """Load every cog extension (a failure is logged by name and the rest still load), then sync commands."""

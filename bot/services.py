@@ -8,10 +8,7 @@ from typing import TYPE_CHECKING
 
 from bot.config import Config
 from engines import load_engine
-from synthesis.cache import SynthesisCache
-from synthesis.pipeline import Limits, Synthesizer
-from synthesis.types import SynthesisParams
-from synthesis.voices import VoiceStore
+from synthesis import Limits, SynthesisCache, SynthesisParams, Synthesizer, VoiceStore
 
 if TYPE_CHECKING:
     from bot.chat import ChatClient
@@ -42,7 +39,8 @@ def default_params(config: Config) -> SynthesisParams:
 def build_synthesizer(config: Config) -> Synthesizer:
     """Load the engine (models from config) and open the voice store and caches."""
     engine = load_engine(config.engine, config.models)
-    cache = SynthesisCache(config.cache.dir, config.cache.prosody_mb * MB, config.cache.audio_mb * MB)
+    cache = SynthesisCache(config.cache.dir, config.cache.prosody_mb * MB, config.cache.audio_mb * MB,
+                           reuse_random=config.cache.reuse_random)
     voices = VoiceStore(config.voices.dir, cache=cache)
     s, v = config.synthesis, config.voices
     limits = Limits(queue_size=s.queue_size, deadline_s=s.deadline_s, stream_pause_s=s.stream_pause_s,

@@ -22,8 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, Sequence
 
-from engines.base import SpeechError
-from synthesis.types import SpeechSynthesizer, SynthesisParams, Voice
+from synthesis import SpeechError, SpeechSynthesizer, SynthesisParams, Voice
 
 from bot.audio_source import DEFAULT_BUFFER_S, StreamAudioSource
 

@@ -24,8 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
-from engines.base import SpeechError
-from synthesis.types import SynthesisParams, Voice
+from synthesis import BusyError, SpeechError, SynthesisParams, Voice
 
 from bot.config import Config
 from bot.speaker import ErrorCallback, GuildSpeaker, NotInVoice, SpeechItem
@@ -193,11 +192,13 @@ class SpeechService:
 
         Raises
         ------
-        SpeechRefused, NothingToSay, NoVoice, NotInVoice, QueueFull, VoiceConnectionError
-            Each with a message that tells the member what to do.
+        SpeechRefused, NothingToSay, NoVoice, NotInVoice, QueueFull, VoiceConnectionError, BusyError
+            Each with a message that tells the member what to do (BusyError: the synthesizer admits no more
+            requests right now).
         """
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+        self._check_capacity()
         settings = await self.store.guild_settings(guild.id)
         is_bot = bool(getattr(member, "bot", False))
         spk = self.speaker(guild.id)
@@ -241,6 +242,7 @@ class SpeechService:
         (``default_voice``, a server voice, an operator voice), else the member's own. Joins the member's channel
         when the bot is not in one.
         """
+        self._check_capacity()
         settings = await self.store.guild_settings(guild.id)
         spk = self.speaker(guild.id)
         user = await self.store.user_settings(member.id, guild.id)
@@ -262,6 +264,11 @@ class SpeechService:
         )
         ahead = spk.enqueue(item)
         return SayResult(ahead, chosen, None)
+
+    def _check_capacity(self) -> None:
+        """Answer "busy" now, while the member still waits for the command's reply, not later in the channel."""
+        if getattr(self.synthesizer, "busy", False) is True:
+            raise BusyError("I'm speaking for as many people as I can right now; try again in a moment")
 
     def _check_policy(self, settings: dict[str, Any], member: Any, is_bot: bool, spk: GuildSpeaker) -> None:
         """ignore_bots, required_role and require_in_voice."""

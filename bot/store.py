@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
-from engines.base import SpeechError
-from synthesis.types import LANGUAGES
+from synthesis import LANGUAGES, SpeechError
 
 log = logging.getLogger(__name__)
 
@@ -357,6 +356,7 @@ class Store:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA secure_delete=ON")  # deleted rows are overwritten, not just unlinked
             migrate(conn)
         except sqlite3.Error as e:
             raise StoreError(
@@ -682,8 +682,14 @@ class Store:
     # deletion
 
     async def forget_voice(self, voice_id: str) -> dict[str, int]:
-        """Remove every row that names a voice (shares, server lists, consent, selections); counts per table."""
-        return await self._write(lambda c: _forget_voices(c, [voice_id]))
+        """Remove every row that names a voice (shares, server lists, consent, selections); counts per table.
+
+        The deleted rows are overwritten (``secure_delete``) and the WAL is checkpointed and truncated, so no
+        copy of them stays readable in the database files.
+        """
+        counts = await self._write(lambda c: _forget_voices(c, [voice_id]))
+        await self._checkpoint()
+        return counts
 
     async def forget_user(self, user_id: int, voice_ids: Iterable[str] = ()) -> dict[str, int]:
         """Remove every row of a user everywhere, and every row naming the user's voices ``voice_ids``.
@@ -709,8 +715,22 @@ class Store:
             return counts
 
         counts = await self._write(run)
+        await self._checkpoint()
         log.info("forgot user %d: %s", user_id, counts)
         return counts
+
+    async def _checkpoint(self) -> None:
+        """Copy the WAL into the database and empty it: deleted rows leave no copy behind in the WAL file."""
+        await self.open()
+        assert self._conn is not None
+        conn = self._conn
+        async with self._write_lock:
+            try:
+                busy, _, _ = await self._call(lambda: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone())
+            except sqlite3.Error as e:
+                raise StoreError(f"database checkpoint failed: {e}") from e
+        if busy:  # another connection is reading: the copies go at the next checkpoint
+            log.warning("database checkpoint after a delete was blocked by a reader; it completes later")
 
 
 def _copy_default(value: Any) -> Any:

@@ -15,12 +15,10 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from engines.base import SpeechError
-from synthesis.types import Voice, VoiceNotFound
+from synthesis import SpeechError, Voice, VoiceNotFound
 
 if TYPE_CHECKING:
-    from bot.client import VoiceBot
-    from bot.services import Services
+    from bot import Services, VoiceBot
 
 __all__ = ("UsageError", "ReplyingCog", "VoiceChoice", "reply_error", "usable_voices", "find_voice")
 

@@ -22,14 +22,12 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot.chat import ChatClient, ChatError
-from bot.speaker import NotInVoice
-from bot.speech import NoVoice
+from bot import ChatClient, ChatError, NotInVoice, NoVoice
 from cogs.base import ReplyingCog, UsageError, describe_error, guild_member, send_ephemeral
-from engines.base import SpeechError
+from synthesis import SpeechError
 
 if TYPE_CHECKING:
-    from bot.client import VoiceBot
+    from bot import VoiceBot
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ import discord
 from discord import app_commands
 
 from cogs.base import MAX_CHOICES, ReplyingCog, UsageError, guild_member, send_ephemeral
-from synthesis.types import Voice, VoiceNotFound
+from synthesis import Voice, VoiceNotFound
 
 if TYPE_CHECKING:
-    from bot.client import VoiceBot
+    from bot import VoiceBot
 
 log = logging.getLogger(__name__)
 

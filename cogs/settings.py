@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import discord
 from discord import app_commands
 
-from bot.store import GUILD_SETTINGS, USER_SETTINGS, SettingDef, setting_def
+from bot import GUILD_SETTINGS, USER_SETTINGS, SettingDef, setting_def
 from cogs.base import (
     MAX_CHOICES,
     ReplyingCog,
@@ -24,10 +24,10 @@ from cogs.base import (
     usable_voices,
     voice_autocomplete,
 )
-from synthesis.types import VoiceNotFound
+from synthesis import VoiceNotFound
 
 if TYPE_CHECKING:
-    from bot.client import VoiceBot
+    from bot import VoiceBot
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,10 @@ from discord import app_commands
 from discord.ext import commands
 
 from cogs.base import ReplyingCog, UsageError, guild_member, reply_error, send_ephemeral
-from engines.base import SpeechError
+from synthesis import SpeechError
 
 if TYPE_CHECKING:
-    from bot.client import VoiceBot
-    from bot.speech import SpeechService
+    from bot import SpeechService, VoiceBot
 
 log = logging.getLogger(__name__)
 

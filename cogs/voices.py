@@ -31,11 +31,10 @@ from cogs.base import (
     usable_voices,
     voice_autocomplete,
 )
-from engines.base import SpeechError
-from synthesis.types import Voice
+from synthesis import SpeechError, Voice
 
 if TYPE_CHECKING:
-    from bot.client import VoiceBot
+    from bot import VoiceBot
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,6 @@ AUDIO_EXTENSIONS = frozenset(
     {"wav", "wave", "mp3", "ogg", "oga", "opus", "flac", "m4a", "aac", "webm", "mp4", "mov", "mkv", "wma", "aiff",
      "aif", "caf", "3gp", "amr"}
 )
-_NAME_RE = re.compile(r"^[\w][\w .'\-]*$")
 
 # Sentences to read for /voice enroll: varied sounds, 4-8 s at a relaxed pace.
 ENROLL_SENTENCES: dict[str, tuple[str, ...]] = {
@@ -269,7 +267,7 @@ class VoiceCog(ReplyingCog):
                 "(a short clip is well under 1 MB)."
             )
         _check_audio_type(clip)
-        voice_name = _clean_name(name or member.display_name)
+        voice_name = _clean_name(name) if name else _name_from(member.display_name)
         if any(v.name.lower() == voice_name.lower() for v in self.services.synthesizer.voices.list(owner_id=member.id)):
             raise UsageError(
                 f"You already have a voice called {voice_name!r}: pick another name with the name option, or "
@@ -604,13 +602,21 @@ def _check_audio_type(clip: discord.Attachment) -> None:
 
 
 def _clean_name(name: str) -> str:
-    """A voice name: trimmed, single-spaced, 1-32 word characters, spaces, dots, dashes or apostrophes."""
-    name = " ".join(name.split())[:MAX_NAME_CHARS]
-    if not name or not _NAME_RE.match(name):
-        raise UsageError(
-            f"{name!r} can't be a voice name: use 1-{MAX_NAME_CHARS} letters, digits, spaces, dots or dashes."
-        )
+    """A voice name the voice store accepts (checked here, before consent and download), trimmed, single-spaced."""
+    from synthesis import VoiceError, check_name
+
+    name = " ".join(name.split())
+    try:
+        check_name(name)
+    except VoiceError as e:
+        raise UsageError(f"{e}; pick another name with the name option") from None
     return name
+
+
+def _name_from(display_name: str) -> str:
+    """A voice name made from a display name: the characters the store refuses become spaces."""
+    name = " ".join(re.sub(r"[^\w -]+", " ", display_name).split())[:MAX_NAME_CHARS].strip()
+    return _clean_name(name or "my voice")
 
 
 def _file_stem(name: str) -> str:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import io
 import logging
 import math
+import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import av
@@ -22,7 +25,7 @@ import av.error
 import numpy as np
 import soxr
 
-from engines.base import SAMPLE_RATE, SSL_SAMPLE_RATE
+from engines import SAMPLE_RATE, SSL_SAMPLE_RATE
 from synthesis.types import AudioInputError
 
 log = logging.getLogger(__name__)
@@ -125,6 +128,52 @@ class Reference:
 # =============================================================================================================
 # Decoding
 # =============================================================================================================
+
+
+def read_upload_file(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
+    """The bytes of a clip on disk, after checking that it is a regular file of at most ``max_bytes``.
+
+    The checks come before any read: a symlink to ``/dev/zero``, a FIFO or a device would otherwise be read
+    without end (or block forever), and a directory or a missing path would be a traceback.
+
+    Raises
+    ------
+    AudioInputError: missing, not a regular file, unreadable, empty or larger than ``max_bytes``; the message
+        names the path and the fix.
+    """
+    p = Path(path)
+    try:
+        st = p.stat()  # follows symlinks: what matters is what would be read
+    except FileNotFoundError:
+        raise AudioInputError(f"there is no file at {str(p)!r}; give the path of a voice recording") from None
+    except (OSError, ValueError) as e:
+        raise AudioInputError(f"cannot open {str(p)!r} ({_os_reason(e)}); give the path of a voice recording"
+                              ) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise AudioInputError(f"{str(p)!r} is a folder; give the path of one audio file in it")
+    if not stat.S_ISREG(st.st_mode):
+        raise AudioInputError(f"{str(p)!r} is not a regular file (a device, pipe or socket); give the path of an "
+                              "audio file")
+    if st.st_size > max_bytes:
+        raise AudioInputError(f"{str(p)!r} is {_format_bytes(st.st_size)}; use at most {_format_bytes(max_bytes)} "
+                              "(a 10 s voice clip is well under 1 MB)")
+    try:
+        # O_NONBLOCK: if the path was swapped for a FIFO after the check, opening it must not block
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise AudioInputError(f"{str(p)!r} is not a regular file; give the path of an audio file")
+            data = f.read(max_bytes + 1)  # never more than the bound, even if the file grew meanwhile
+    except OSError as e:
+        raise AudioInputError(f"cannot read {str(p)!r} ({_os_reason(e)}); check its permissions") from None
+    if len(data) > max_bytes:
+        raise AudioInputError(f"{str(p)!r} is larger than {_format_bytes(max_bytes)}; use a shorter clip")
+    return data
+
+
+def _os_reason(e: BaseException) -> str:
+    """An OSError's reason without the errno noise."""
+    return getattr(e, "strerror", None) or str(e)
 
 
 def decode_upload(data: bytes, filename: str = "", *, max_bytes: int, max_seconds: float) -> Decoded:

@@ -3,6 +3,8 @@
 Both are :mod:`diskcache` stores bounded in bytes with least-recently-used eviction, so they survive restarts and
 stay within their budget. Every entry is tagged with its voice id, so a voice change or deletion removes all of its
 entries at once (:meth:`SynthesisCache.invalidate_voice`); SQLite's ``secure_delete`` overwrites the removed rows.
+A deleted voice is *retired* (:meth:`SynthesisCache.retire_voice`): its entries go and later writes for it are
+refused, so a request that was in flight when its voice was deleted cannot write its results back.
 
 Policy for random sampling (``seed == -1``)
 -------------------------------------------
@@ -22,6 +24,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import unicodedata
 from pathlib import Path
 from typing import Any, Mapping
@@ -59,6 +62,8 @@ class SynthesisCache:
         self._prosody = _open(self.dir / "prosody", prosody_bytes)
         self._audio = _open(self.dir / "audio", audio_bytes)
         self._counts = {"prosody": [0, 0], "audio": [0, 0]}  # [hits, misses] since this process opened the cache
+        self._retired: set[str] = set()  # deleted voices: their writes are refused (this process)
+        self._write_lock = threading.Lock()  # a write and a retirement never interleave
 
     # --- keys ---------------------------------------------------------------------------------------------------
 
@@ -116,7 +121,7 @@ class SynthesisCache:
         t = np.asarray(tokens).reshape(-1)
         if t.size and (t.min() < 0 or t.max() > np.iinfo(TOKEN_DTYPE).max):
             raise ValueError(f"semantic tokens must be in 0..32767, got {t.min()}..{t.max()}")
-        _put(self._prosody, key, t.astype(TOKEN_DTYPE).tobytes(), voice_id)
+        self._put(self._prosody, key, t.astype(TOKEN_DTYPE).tobytes(), voice_id)
 
     # --- audio --------------------------------------------------------------------------------------------------
 
@@ -128,15 +133,32 @@ class SynthesisCache:
     def put_audio(self, key: str, audio: np.ndarray, voice_id: str) -> None:
         """Store a waveform ``[N]`` float32 under an audio key, tagged with its voice."""
         a = np.asarray(audio, dtype=np.float32).reshape(-1)
-        _put(self._audio, key, a.astype(AUDIO_DTYPE).tobytes(), voice_id)
+        self._put(self._audio, key, a.astype(AUDIO_DTYPE).tobytes(), voice_id)
 
     # --- maintenance --------------------------------------------------------------------------------------------
 
     def invalidate_voice(self, voice_id: str) -> int:
         """Remove every entry of a voice from both caches; returns how many entries were removed."""
-        removed = int(self._prosody.evict(voice_id, retry=True)) + int(self._audio.evict(voice_id, retry=True))
+        with self._write_lock:
+            removed = int(self._prosody.evict(voice_id, retry=True)) + int(self._audio.evict(voice_id, retry=True))
+        for cache in (self._prosody, self._audio):
+            _checkpoint(cache)
         log.info("cache: removed %d entries of voice %s", removed, voice_id)
         return removed
+
+    def retire_voice(self, voice_id: str) -> int:
+        """A voice is being deleted: refuse its writes from now on, then remove its entries; returns how many.
+
+        The refusal and the removal happen under the write lock, so no write of the voice lands after it (in
+        this process; another process's writes are removed by its own delete or by start-up recovery).
+        """
+        with self._write_lock:
+            self._retired.add(voice_id)
+        return self.invalidate_voice(voice_id)
+
+    def is_retired(self, voice_id: str) -> bool:
+        """Was this voice deleted while this cache was open?"""
+        return voice_id in self._retired
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per cache: ``hits``/``misses`` since opened, ``entries``, ``bytes`` on disk, ``limit`` bytes."""
@@ -175,17 +197,29 @@ class SynthesisCache:
         self._counts[name][0] += 1
         return np.frombuffer(value, dtype=dtype)
 
+    def _put(self, cache: diskcache.Cache, key: str, value: bytes, voice_id: str) -> bool:
+        """Store a value unless its voice is retired; evicts least recently used entries while over the bound."""
+        with self._write_lock:
+            if voice_id in self._retired:
+                log.info("cache: not storing an entry of deleted voice %s", voice_id)
+                return False
+            cache.set(key, value, tag=voice_id, retry=True)
+        if cache.volume() > cache.size_limit * OVERSHOOT:  # a large value went in: cull in batches until under
+            cache.cull(retry=True)
+        return True
+
 
 def normalise_text(text: str) -> str:
     """The text form used in keys: NFC, whitespace runs collapsed to one space, stripped."""
     return _WS.sub(" ", unicodedata.normalize("NFC", text)).strip()
 
 
-def _put(cache: diskcache.Cache, key: str, value: bytes, voice_id: str) -> None:
-    """Store a value; each store evicts the least recently used entry while over the bound."""
-    cache.set(key, value, tag=voice_id, retry=True)
-    if cache.volume() > cache.size_limit * OVERSHOOT:  # a large value went in: cull in batches until under
-        cache.cull(retry=True)
+def _checkpoint(cache: diskcache.Cache) -> None:
+    """Empty the store's SQLite WAL into its database: until then the removed rows stay readable in the WAL."""
+    try:
+        cache._sql("PRAGMA wal_checkpoint(TRUNCATE)")  # diskcache has no public call for it
+    except Exception:  # a reader in another process holds the WAL: the copies go at its next checkpoint
+        log.warning("cache: WAL checkpoint after a removal did not complete", exc_info=True)
 
 
 def _open(path: Path, size_limit: int) -> diskcache.Cache:

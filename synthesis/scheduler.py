@@ -7,15 +7,27 @@ Two lanes, each a thread, so the GPT of sentence i+1 overlaps the SoVITS decode 
   full);
 * the vocoder lane runs one callable at a time (SoVITS decode, BERT features, reference encoding), by priority.
 
-Callers are async: every job resolves an asyncio future. Cancelling the awaiting task cancels the job; for the GPT
-that takes effect before the next decode step.
+Callers are async: every job resolves an asyncio future, with a result or an error, whatever raises where (a
+request the engine refuses fails alone, a failed decode step is retried without the request that broke it, a
+closed worker fails what it still holds). Cancelling the awaiting task cancels the job; for the GPT that takes
+effect before the next decode step.
+
+Order: ``priority`` (a class: :data:`LIVE` before :data:`BACKGROUND`), then whether somebody already waits for
+the job's result (its :class:`Deadline` started: the sentence being played next goes before sentences rendered
+ahead), then ``order`` (any tuple; the pipeline passes (request, sentence), so the requests admitted first are
+finished first), then arrival. A deadline bounds how long a job may *wait* for its lane; a job that has started
+is finished. So that a request that starts speaking is finished even under overload, a new request's first
+sentence leaves a quarter of the decode slots to requests already speaking, and on a CPU's single device thread
+a vocoder call somebody waits for gets a turn after every GPT step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
@@ -24,7 +36,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from engines.base import Engine, EngineError, SemanticBatch, SemanticRequest, SpeechError
+from engines import Engine, EngineError, SemanticBatch, SemanticRequest, SpeechError
 from synthesis.types import DeadlineError
 
 log = logging.getLogger(__name__)
@@ -34,23 +46,69 @@ T = TypeVar("T")
 LIVE = 0  # priority of requests somebody is waiting for
 BACKGROUND = 10  # priority of precompute work
 _IDLE_POLL_S = 0.05  # how often an idle lane checks for shutdown
+RESERVE_DIVISOR = 4  # capacity // this many decode slots are kept for requests that are already speaking
+MAX_GPT_ATTEMPTS = 3  # decode attempts of one request whose batch failed before it fails too (a safety net)
+Clock = Callable[[], float]
 
 
 class WorkerClosed(SpeechError):
     """The synthesis worker has shut down."""
 
 
+class Deadline:
+    """How long a request's job may wait for its lane, in ``clock()`` seconds.
+
+    A job may wait ``wait_s`` from when it was submitted or from when somebody started waiting for its result
+    (:meth:`start`), whichever is later, and never past ``at`` (an overall limit). A sentence rendered ahead is
+    submitted before anybody waits for it: until :meth:`start`, only ``at`` applies. One object is shared by
+    all the jobs of one sentence (BERT, GPT, vocoder).
+    """
+
+    __slots__ = ("wait_s", "at", "started", "opens")
+
+    def __init__(self, wait_s: float = math.inf, *, at: float = math.inf, opens: bool = False) -> None:
+        self.wait_s = wait_s
+        self.at = at
+        self.started = math.inf  # when somebody began waiting (inf: nobody yet)
+        self.opens = opens  # the first sentence of a request: it starts new work rather than finishing some
+
+    def start(self, now: float) -> None:
+        """Somebody waits for this sentence from ``now`` on (the first call counts)."""
+        if self.started == math.inf:
+            self.started = now
+
+    def limit(self, submitted: float) -> float:
+        """The time by which a job submitted at ``submitted`` must have left its queue."""
+        if self.started == math.inf:
+            return self.at
+        return min(self.at, max(self.started, submitted) + self.wait_s)
+
+    def __repr__(self) -> str:
+        return f"Deadline(wait_s={self.wait_s}, at={self.at}, started={self.started})"
+
+
 @dataclass(eq=False)
 class _Job:
     priority: int
-    deadline: float | None  # time.monotonic() limit, None for no limit
+    deadline: float | Deadline | None  # clock() limit on waiting for the lane, None for no limit
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
     cancel: threading.Event = field(default_factory=threading.Event)
-    started: float = 0.0
+    order: tuple[Any, ...] = ()
+    submitted: float = 0.0  # clock() when it was queued
 
-    def expired(self) -> bool:
-        return self.deadline is not None and time.monotonic() > self.deadline
+    @property
+    def waited_for(self) -> int:
+        """0 when somebody waits for the result already, else 1 (the sort key: waited-for jobs first)."""
+        d = self.deadline
+        return 0 if isinstance(d, Deadline) and d.started != math.inf else 1
+
+    def expired(self, now: float) -> bool:
+        """Has it waited past its deadline (a float is an absolute ``clock()`` limit)?"""
+        d = self.deadline
+        if d is None:
+            return False
+        return now > (d.limit(self.submitted) if isinstance(d, Deadline) else float(d))
 
     def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
         """Complete the future from any thread (ignored if the caller already gave up)."""
@@ -74,6 +132,14 @@ class _GptJob(_Job):
     request: SemanticRequest | None = None
     elapsed: float = 0.0
     on_tokens: Callable[[np.ndarray], None] | None = None  # new tokens as they are decoded (device thread)
+    produced: int = 0  # tokens decoded in the current attempt
+    forwarded: int = 0  # tokens handed to on_tokens over all attempts (a retry re-decodes the same tokens)
+    failures: int = 0  # decode batches that failed while this request was in them
+
+    def restart(self) -> None:
+        """Forget the current attempt (preempted, or its batch failed): it decodes again from the start."""
+        self.elapsed = 0.0
+        self.produced = 0
 
 
 @dataclass(eq=False)
@@ -84,20 +150,22 @@ class _CallJob(_Job):
 class DeviceWorker:
     """Owns an engine; runs GPT batches and vocoder calls on one thread (CPU) or two (GPU)."""
 
-    def __init__(self, engine: Engine, *, overlap: bool | None = None) -> None:
+    def __init__(self, engine: Engine, *, overlap: bool | None = None, clock: Clock = time.monotonic) -> None:
         self.engine = engine
+        self.clock = clock  # the time deadlines are measured in (tests may pass a virtual clock)
         # On a CPU the two kinds of work share the same cores, and their BLAS thread pools must not belong to two
         # threads: measured on 2 cores, a GEMV called from a second thread that also uses the pool ran 3.4x slower
         # (single-threaded). So on a CPU one device thread interleaves them, a GPT step or a vocoder call at a
         # time, earliest sentence first. On a GPU two threads overlap them.
         self.overlap = (not engine.device.startswith("cpu")) if overlap is None else overlap
         self._seq = itertools.count()
-        self._gpt_queue: queue.PriorityQueue[tuple[int, int, _GptJob]] = queue.PriorityQueue()
-        self._call_queue: queue.PriorityQueue[tuple[int, int, _CallJob]] = queue.PriorityQueue()
+        self._gpt_queue: queue.PriorityQueue[tuple[int, tuple[Any, ...], int, _GptJob]] = queue.PriorityQueue()
+        self._call_queue: queue.PriorityQueue[tuple[int, tuple[Any, ...], int, _CallJob]] = queue.PriorityQueue()
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._active_gpt = 0
         self.gpt_steps = 0
+        self.gpt_failures = 0  # decode steps or admissions that raised (each failed or retried its requests)
         self._gpt = _GptState()
         if self.overlap:
             targets = [(self._gpt_loop, "voicebot-gpt"), (self._call_loop, "voicebot-vocoder")]
@@ -114,11 +182,14 @@ class DeviceWorker:
         """Jobs waiting or running on either lane."""
         return self._gpt_queue.qsize() + self._call_queue.qsize() + self._active_gpt
 
-    async def semantic(self, request: SemanticRequest, *, priority: int = LIVE, deadline: float | None = None,
+    async def semantic(self, request: SemanticRequest, *, priority: int = LIVE,
+                       deadline: float | Deadline | None = None, order: tuple[Any, ...] = (),
                        on_tokens: Callable[[np.ndarray], None] | None = None) -> tuple[np.ndarray, float]:
         """Run the GPT for one sentence: (new tokens ``[Ts]`` int64, seconds the batch spent on it).
 
-        ``on_tokens(new_tokens)`` is called on the caller's event loop as tokens are decoded (token streaming).
+        ``deadline`` bounds the wait for a decode slot (``clock()`` time); once decoding, the request finishes.
+        ``on_tokens(new_tokens)`` is called on the caller's event loop as tokens are decoded (token streaming),
+        each token once, even when the request is decoded again after its batch failed.
         """
         loop = asyncio.get_running_loop()
         forward = None
@@ -126,29 +197,57 @@ class DeviceWorker:
             def forward(tokens: np.ndarray) -> None:
                 loop.call_soon_threadsafe(on_tokens, tokens)
 
-        job = _GptJob(priority, deadline, loop, loop.create_future(), request=request, on_tokens=forward)
+        job = _GptJob(priority, deadline, loop, loop.create_future(), order=order, request=request,
+                      on_tokens=forward)
         self._submit(self._gpt_queue, job)
         return await self._await(job)
 
-    async def call(self, fn: Callable[[], T], *, priority: int = LIVE, deadline: float | None = None) -> T:
-        """Run ``fn()`` on the vocoder lane and return its result."""
-        job = _CallJob(priority, deadline, asyncio.get_running_loop(), asyncio.get_running_loop().create_future(),
-                       fn=fn)
+    async def call(self, fn: Callable[[], T], *, priority: int = LIVE, deadline: float | Deadline | None = None,
+                   order: tuple[Any, ...] = ()) -> T:
+        """Run ``fn()`` on the vocoder lane and return its result (``deadline`` bounds the wait for the lane)."""
+        loop = asyncio.get_running_loop()
+        job = _CallJob(priority, deadline, loop, loop.create_future(), order=order, fn=fn)
         self._submit(self._call_queue, job)
         return await self._await(job)
 
     def close(self) -> None:
+        """Stop the lanes; every job still queued or running fails with :class:`WorkerClosed`."""
         self._closed.set()
         for t in self._threads:
             t.join(timeout=5)
+        self._fail_queued()
+        if not any(t.is_alive() for t in self._threads):
+            self._fail_running(WorkerClosed("the synthesis worker shut down before this request was done"))
 
     # ---- internals -------------------------------------------------------------------------------------------
 
     def _submit(self, q: queue.PriorityQueue[Any], job: _Job) -> None:
         if self._closed.is_set():
             raise WorkerClosed("the synthesis worker is shut down")
-        q.put((job.priority, next(self._seq), job))
+        job.submitted = self.clock()
+        q.put((job.priority, job.order, next(self._seq), job))
         self._wake.set()
+        if self._closed.is_set():  # closed meanwhile: the lanes may be gone, so nobody else would answer it
+            self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        """Fail every queued job (the worker is closed)."""
+        for q in (self._gpt_queue, self._call_queue):
+            while True:
+                try:
+                    job = q.get_nowait()[-1]
+                except queue.Empty:
+                    break
+                job.resolve(error=WorkerClosed("the synthesis worker shut down before this request was done"))
+
+    def _fail_running(self, error: BaseException) -> None:
+        """Fail the GPT requests in the batch and forget the batch."""
+        g = self._gpt
+        for job in g.running.values():
+            job.resolve(error=error)
+        g.running.clear()
+        g.batch = None
+        self._active_gpt = 0
 
     @staticmethod
     async def _await(job: _Job) -> Any:
@@ -169,54 +268,100 @@ class DeviceWorker:
     def _device_loop(self) -> None:
         """One thread for everything: the most urgent of (next vocoder call, next GPT step) runs next."""
         self._bind()
+        ticked = False  # the last thing run was a GPT step
         while not self._closed.is_set():
-            call_prio = self._peek_priority(self._call_queue)
-            gpt_prio = self._gpt_priority()
-            if call_prio is not None and (gpt_prio is None or call_prio <= gpt_prio):
-                self._run_call(block=False)
-            elif gpt_prio is not None:
-                self._gpt_tick()
-            else:
-                self._wake.wait(_IDLE_POLL_S)
-                self._wake.clear()
-        self._active_gpt = 0
+            try:
+                call_prio = self._call_priority()
+                gpt_prio = self._gpt_priority()
+                # A call somebody waits for gets a turn after every GPT step even when the GPT's work is more
+                # urgent: a decode of hundreds of steps must not hold back the audio another listener waits for.
+                interleave = (ticked and call_prio is not None and gpt_prio is not None and call_prio[1] == 0
+                              and call_prio[0] <= gpt_prio[0])
+                if call_prio is not None and (gpt_prio is None or call_prio <= gpt_prio or interleave):
+                    self._run_call(block=False)
+                    ticked = False
+                elif gpt_prio is not None:
+                    self._gpt_tick()
+                    ticked = True
+                else:
+                    self._wake.wait(_IDLE_POLL_S)
+                    self._wake.clear()
+            except Exception:  # never lose the lane (and with it every later request): log and go on
+                log.exception("the device lane hit an unexpected error; continuing")
+        self._lane_exit()
 
     def _gpt_loop(self) -> None:
         self._bind()
         while not self._closed.is_set():
-            if self._gpt_priority() is None:
-                self._wake.wait(_IDLE_POLL_S)
-                self._wake.clear()
-                continue
-            self._gpt_tick()
-        self._active_gpt = 0
+            try:
+                if self._gpt_priority() is None:
+                    self._wake.wait(_IDLE_POLL_S)
+                    self._wake.clear()
+                    continue
+                self._gpt_tick()
+            except Exception:
+                log.exception("the GPT lane hit an unexpected error; continuing")
+        self._lane_exit()
 
     def _call_loop(self) -> None:
         self._bind()
         while not self._closed.is_set():
-            self._run_call(block=True)
+            try:
+                self._run_call(block=True)
+            except Exception:
+                log.exception("the vocoder lane hit an unexpected error; continuing")
+        self._fail_queued()
+
+    def _lane_exit(self) -> None:
+        """The GPT's lane ends: fail what it still holds."""
+        self._fail_running(WorkerClosed("the synthesis worker shut down before this request was done"))
+        self._fail_queued()
 
     @staticmethod
-    def _peek_priority(q: queue.PriorityQueue[Any]) -> int | None:
-        with q.mutex:
-            return q.queue[0][0] if q.queue else None
+    def _key(job: _Job) -> tuple[int, int, tuple[Any, ...]]:
+        """How urgent a job is: (priority class, waited-for first, order)."""
+        return job.priority, job.waited_for, job.order
 
-    def _gpt_priority(self) -> int | None:
-        """Priority of the most urgent GPT work (running or queued), None when there is none."""
-        running = [j.priority for j in self._gpt.running.values()]
-        queued = self._peek_priority(self._gpt_queue)
-        candidates = running + ([queued] if queued is not None else [])
+    def _call_priority(self) -> tuple[int, int, tuple[Any, ...]] | None:
+        """The key of the most urgent queued vocoder call (None: none queued)."""
+        q = self._call_queue
+        with q.mutex:
+            return min((self._key(e[-1]) for e in q.queue), default=None)
+
+    def _gpt_priority(self) -> tuple[int, int, tuple[Any, ...]] | None:
+        """The key of the most urgent GPT work (running or queued), None when there is none."""
+        candidates = [self._key(j) for j in list(self._gpt.running.values())]
+        q = self._gpt_queue
+        with q.mutex:
+            candidates.extend(self._key(e[-1]) for e in q.queue)
         return min(candidates) if candidates else None
 
+    def _take_call(self, *, block: bool) -> _CallJob | None:
+        """Remove and return the most urgent queued call (waiting up to a poll interval when ``block``)."""
+        entry = self._take_best(self._call_queue, block=block)
+        return None if entry is None else entry[-1]
+
+    def _take_best(self, q: queue.PriorityQueue[Any], *, block: bool = False) -> Any:
+        """Remove and return the queue entry of the most urgent job, or None when the queue is empty."""
+        with q.not_empty:
+            if block and not q.queue:
+                q.not_empty.wait(_IDLE_POLL_S)
+            if not q.queue:
+                return None
+            # whether a job is waited for changes while it is queued, so the heap's order is only a start
+            best = min(q.queue, key=lambda e: (self._key(e[-1]), e[2]))
+            q.queue.remove(best)
+            heapq.heapify(q.queue)
+            return best
+
     def _run_call(self, *, block: bool) -> None:
-        try:
-            _, _, job = self._call_queue.get(timeout=_IDLE_POLL_S) if block else self._call_queue.get_nowait()
-        except queue.Empty:
+        job = self._take_call(block=block)
+        if job is None:
             return
         if job.cancel.is_set():
             return
-        if job.expired():
-            job.resolve(error=DeadlineError("the request ran past its deadline before it could be rendered"))
+        if job.expired(self.clock()):
+            job.resolve(error=DeadlineError("the request waited longer than its deadline for the vocoder"))
             return
         assert job.fn is not None
         try:
@@ -233,13 +378,19 @@ class DeviceWorker:
         try:
             if g.batch is None:
                 g.batch = self.engine.open_batch(on_chunk=self._route_tokens)
-            self._admit(g.batch, g.running, g.ids)
+            self._admit(g)
+            if g.batch is None:  # rebuilt after a refused request: its requests are queued again
+                return
             self._drop_cancelled(g.batch, g.running)
             self._active_gpt = len(g.running)
             if not g.running:
                 return
             t0 = time.perf_counter()
-            finished = g.batch.step()
+            try:
+                finished = g.batch.step()
+            except Exception as e:
+                self._step_failed(e)
+                return
             dt = time.perf_counter() - t0
             self.gpt_steps += 1
             for job in g.running.values():
@@ -248,56 +399,133 @@ class DeviceWorker:
                 job = g.running.pop(rid)
                 job.resolve((tokens, job.elapsed))
             self._active_gpt = len(g.running)
-        except Exception as e:
-            log.exception("GPT decode failed; failing its %d running requests", len(g.running))
-            err = e if isinstance(e, SpeechError) else EngineError(f"GPT decode failed: {e}")
-            for job in g.running.values():
+        except Exception as e:  # the batch itself is broken (cannot open, cancel failed): fail what it held
+            log.exception("the GPT batch failed; failing its %d running requests", len(g.running))
+            self.gpt_failures += 1
+            self._fail_running(_engine_error(e, "GPT decode failed"))
+
+    def _step_failed(self, error: Exception) -> None:
+        """A decode step raised: it is not known which request broke it, so decode them again in a new batch.
+
+        A request that failed alone is the culprit and fails. The others go back to the queue as *suspects*,
+        each decoded later with no other request beside it (see :meth:`_admit`), so the one that breaks the
+        batch is found and fails, and the rest finish (seeded sampling makes the retry give the same tokens).
+        """
+        g = self._gpt
+        self.gpt_failures += 1
+        jobs = list(g.running.values())
+        g.running.clear()
+        g.batch = None  # the batch's state is unknown after a failed step: a fresh one is opened next tick
+        self._active_gpt = 0
+        err = _engine_error(error, "GPT decode failed")
+        if len(jobs) == 1:
+            log.warning("GPT decode failed for one request: %s", error)
+            jobs[0].resolve(error=err)
+            return
+        log.warning("GPT decode failed with %d requests in the batch (%s); decoding them again one by one",
+                    len(jobs), error)
+        for job in jobs:
+            job.failures += 1
+            if job.failures >= MAX_GPT_ATTEMPTS:
                 job.resolve(error=err)
-            g.running.clear()
-            g.batch = None
-            self._active_gpt = 0
+                continue
+            self._requeue(job)
 
     def _route_tokens(self, request_id: int, tokens: np.ndarray) -> None:
-        """The batch's token stream, handed to the job that asked for it."""
+        """The batch's token stream, handed to the job that asked for it (each token once over all attempts)."""
         job = self._gpt.running.get(request_id)
-        if job is not None and job.on_tokens is not None:
-            job.on_tokens(tokens)
+        if job is None or job.on_tokens is None:
+            return
+        start = job.produced
+        job.produced += len(tokens)
+        skip = max(0, job.forwarded - start)  # already delivered by an earlier attempt
+        if skip >= len(tokens):
+            return
+        job.forwarded += len(tokens) - skip
+        try:
+            job.on_tokens(tokens[skip:])
+        except Exception:  # e.g. the caller's loop closed: its request is gone, the batch goes on
+            log.debug("token callback of request %s failed", request_id, exc_info=True)
 
-    def _admit(self, batch: SemanticBatch, running: dict[int, _GptJob], ids: itertools.count[int]) -> None:
-        """Move queued requests into free slots; a more urgent request preempts a background one when full."""
+    def _admit(self, g: _GptState) -> None:
+        """Move queued requests into free slots; a live request preempts a background one when full.
+
+        A request that the engine refuses (``batch.add`` raises) fails alone. A suspect (its batch failed
+        before) is decoded with no other request beside it.
+        """
+        batch, running = g.batch, g.running
+        assert batch is not None
         while True:
-            try:
-                prio, seq, job = self._gpt_queue.get_nowait()
-            except queue.Empty:
+            entry = self._take_best(self._gpt_queue)
+            if entry is None:
                 return
+            prio, order, _, job = entry
             if job.cancel.is_set():
                 continue
-            if job.expired():
-                job.resolve(error=DeadlineError("the request ran past its deadline while waiting for the GPT"))
+            if job.expired(self.clock()):
+                job.resolve(error=DeadlineError("the request waited longer than its deadline for the GPT"))
                 continue
+            alone = any(j.failures for j in running.values())
+            if alone or (job.failures and running):
+                self._gpt_queue.put(entry)  # after the batch drains
+                return
+            opens = isinstance(job.deadline, Deadline) and job.deadline.opens
+            peers = sum(1 for j in running.values() if j.priority <= prio)  # background work would make way
+            if opens and batch.capacity - peers <= batch.capacity // RESERVE_DIVISOR:
+                # a new request's first sentence leaves the last slots to requests already speaking: a running
+                # decode is never stopped, so a full batch would make their next sentences wait for it
+                self._gpt_queue.put(entry)
+                return
             if batch.active >= batch.capacity:
                 victim = next((rid for rid, j in running.items() if j.priority > prio), None)
                 if victim is None:
-                    self._gpt_queue.put((prio, seq, job))
+                    self._gpt_queue.put(entry)
                     return
                 preempted = running.pop(victim)
                 batch.cancel(victim)
-                preempted.elapsed = 0.0
-                self._gpt_queue.put((preempted.priority, next(self._seq), preempted))
-            rid = next(ids)
+                self._requeue(preempted)
+            rid = next(g.ids)
             assert job.request is not None
             t0 = time.perf_counter()
-            batch.add(rid, job.request)
+            running[rid] = job  # before add: the prefill may already stream tokens
+            try:
+                batch.add(rid, job.request)
+            except Exception as e:
+                running.pop(rid, None)
+                self.gpt_failures += 1
+                log.warning("the GPT refused a request: %s", e)
+                job.resolve(error=_engine_error(e, "the GPT could not start this sentence"))
+                try:
+                    batch.cancel(rid)  # in case it got half way in
+                except Exception:
+                    log.debug("cancelling a refused request failed", exc_info=True)
+                if batch.active != len(running):  # the batch no longer matches what we hold: start afresh
+                    log.warning("the GPT batch is inconsistent after a refused request; decoding its %d "
+                                "requests again", len(running))
+                    for other in running.values():
+                        self._requeue(other)
+                    running.clear()
+                    g.batch = None
+                    return
+                continue
             job.elapsed += time.perf_counter() - t0
-            running[rid] = job
+
+    def _requeue(self, job: _GptJob) -> None:
+        """Queue a request again to be decoded from the start (its wait starts again too)."""
+        job.restart()
+        job.submitted = self.clock()
+        self._gpt_queue.put((job.priority, job.order, next(self._seq), job))
 
     @staticmethod
     def _drop_cancelled(batch: SemanticBatch, running: dict[int, _GptJob]) -> None:
-        for rid in [r for r, j in running.items() if j.cancel.is_set() or j.expired()]:
-            job = running.pop(rid)
+        for rid in [r for r, j in running.items() if j.cancel.is_set()]:
+            running.pop(rid)
             batch.cancel(rid)
-            if not job.cancel.is_set():
-                job.resolve(error=DeadlineError("the request ran past its deadline during the GPT"))
+
+
+def _engine_error(error: Exception, what: str) -> SpeechError:
+    """A SpeechError as it is; anything else wrapped so the caller gets a message, not a traceback."""
+    return error if isinstance(error, SpeechError) else EngineError(f"{what}: {error}")
 
 
 @dataclass

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
 import numpy as np
 
-from engines.base import SAMPLE_RATE, SpeechError, VoicePrompt
+from engines import SAMPLE_RATE, SamplingParams, SpeechError, VoicePrompt
 
 LANGUAGES = ("auto", "auto_yue", "en", "zh", "ja", "yue", "ko", "all_zh", "all_ja", "all_yue", "all_ko")
 SPLIT_METHODS = ("cut0", "cut1", "cut2", "cut3", "cut4", "cut5")
+MAX_NOISE_SCALE = 10.0  # SoVITS noise scale bound (upstream's default is 0.5)
 
 
 class BusyError(SpeechError):
@@ -49,12 +51,21 @@ class SynthesisParams:
             raise ValueError(f"language must be one of {', '.join(LANGUAGES)}, got {self.language!r}")
         if self.split_method not in SPLIT_METHODS:
             raise ValueError(f"split_method must be one of {', '.join(SPLIT_METHODS)}, got {self.split_method!r}")
-        if not 0.25 <= self.speed <= 4.0:
-            raise ValueError(f"speed must be between 0.25 and 4.0, got {self.speed}")
-        if not 0.0 <= self.fragment_interval <= 5.0:
-            raise ValueError(f"fragment_interval must be between 0 and 5 s, got {self.fragment_interval}")
-        if self.noise_scale < 0:
-            raise ValueError(f"noise_scale must be >= 0, got {self.noise_scale}")
+        # the GPT's options are checked where the engine defines them (finite, in range), with the same messages
+        SamplingParams(top_k=self.top_k, top_p=self.top_p, temperature=self.temperature,
+                       repetition_penalty=self.repetition_penalty)
+        _check_number("speed", self.speed, 0.25, 4.0)
+        _check_number("fragment_interval", self.fragment_interval, 0.0, 5.0)
+        _check_number("noise_scale", self.noise_scale, 0.0, MAX_NOISE_SCALE)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not -1 <= self.seed < 2**63:
+            raise ValueError(f"seed must be a whole number from -1 (random) to 2**63-1, got {self.seed!r}")
+
+
+def _check_number(name: str, value: object, lo: float, hi: float) -> None:
+    """Refuse anything but a finite number in ``[lo, hi]``."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not (ok and math.isfinite(float(value)) and lo <= float(value) <= hi):  # type: ignore[arg-type]
+        raise ValueError(f"{name} must be a finite number from {lo:g} to {hi:g}, got {value!r}")
 
 
 @dataclass(frozen=True)

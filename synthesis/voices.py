@@ -1,11 +1,14 @@
 """The voice store: one folder per voice, written atomically, loaded without any model work.
 
 Layout: ``root/<id>/clip.flac`` (the 32 kHz reference), ``prompt.npz`` (prompt_tokens, ge, prompt_phones,
-prompt_bert) and ``meta.json`` (identity, owner, version, transcript, model identity, consent). A voice is built in
-``root/.tmp-<uuid>/``, every file and the folder fsynced, then renamed into place, so a crash at any point leaves
-either the whole voice or nothing visible. A replacement swaps folders through ``root/.old-<id>-<uuid>/``; start-up
-restores an interrupted swap and removes stale temporary folders. The model work (HuBERT, VQ, ge, phones, BERT)
-is the caller's: it passes the finished :class:`~engines.base.VoicePrompt` in.
+prompt_bert, and sv_emb for a v2Pro/v2ProPlus voice) and ``meta.json`` (identity, owner, version, transcript, model
+identity, consent). A voice is built in ``root/.tmp-<uuid>/``, every file and the folder fsynced, then renamed into
+place, so a crash at any point leaves either the whole voice or nothing visible. A replacement swaps folders through
+``root/.old-<id>-<uuid>/``; start-up restores an interrupted swap and removes stale temporary folders. A delete
+first retires the voice in the cache (its entries go, and later writes for it are refused), then renames the folder
+to ``root/.trash-<id>-<uuid>/`` and removes it; start-up removes a leftover trash folder and the cache entries of
+its voice. The model work (HuBERT, VQ, ge, phones, BERT) is the caller's: it passes the finished
+:class:`~engines.base.VoicePrompt` in.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 import soundfile as sf
 
-from engines.base import SAMPLE_RATE, SpeechError, VoicePrompt
+from engines import SAMPLE_RATE, SpeechError, VoicePrompt
 from synthesis.audio import Reference
 from synthesis.cache import SynthesisCache
 from synthesis.types import LANGUAGES, Voice, VoiceNotFound
@@ -38,7 +41,7 @@ META_FILE = "meta.json"
 META_SCHEMA = 1  # meta.json layout version
 TMP_PREFIX = ".tmp-"  # a voice being written
 OLD_PREFIX = ".old-"  # the previous version during a replace (".old-<id>-<uuid>")
-TRASH_PREFIX = ".trash-"  # a voice being deleted
+TRASH_PREFIX = ".trash-"  # a voice being deleted (".trash-<id>-<uuid>")
 NAME_RE = re.compile(r"[\w -]{1,32}")  # letters, digits, underscore, space, hyphen; 1-32 characters
 _ID_RE = re.compile(r"[0-9a-f]{32}")
 
@@ -123,7 +126,7 @@ class VoiceStore:
             which are kept.
         enrollment_prompt: the sentence the bot asked the user to read, if any.
         """
-        _check_name(name)
+        check_name(name)
         consent_record = _consent_dict(consent)
         _check_language(language)
         with self._lock:
@@ -196,18 +199,23 @@ class VoiceStore:
         return self.get(voice_id)
 
     def delete(self, voice_id: str) -> Removed:
-        """Delete a voice: its folder (every file) and every cache entry. Returns what was removed."""
+        """Delete a voice: every cache entry, then its folder (every file). Returns what was removed.
+
+        The cache goes first, and refuses the voice's writes from then on: a crash after it leaves the voice
+        whole (with a cold cache); a crash after the rename leaves a trash folder that start-up removes together
+        with any cache entry of the voice.
+        """
         with self._lock:
             meta = self.meta(voice_id)
             live = self.root / voice_id
             files = sorted(p.name for p in live.iterdir())
             size = sum(p.stat().st_size for p in live.iterdir())
-            trash = self.root / f"{TRASH_PREFIX}{uuid.uuid4().hex}"
+            entries = self.cache.retire_voice(voice_id) if self.cache is not None else 0
+            trash = self.root / f"{TRASH_PREFIX}{voice_id}-{uuid.uuid4().hex}"
             os.rename(live, trash)  # invisible at once; the bytes go next (or at the next start-up)
             _fsync_dir(self.root)
             shutil.rmtree(trash)
             self._loaded.pop(voice_id, None)
-        entries = self.cache.invalidate_voice(voice_id) if self.cache is not None else 0
         log.info("voice %s (%r) deleted: %d files, %d bytes, %d cache entries", voice_id, meta["name"], len(files),
                  size, entries)
         return Removed(voice_id, meta["name"], int(meta["owner_id"]), files, size, entries)
@@ -236,6 +244,8 @@ class VoiceStore:
                 ge=z["ge"].astype(np.float32),
                 prompt_phones=z["prompt_phones"].astype(np.int64),
                 prompt_bert=z["prompt_bert"].astype(np.float32),
+                # v2Pro/v2ProPlus voices only; a v2 voice (or one stored before v2Pro support) has none
+                sv_emb=z["sv_emb"].astype(np.float32) if "sv_emb" in z.files else None,
             )
         voice = Voice(
             id=meta["id"],
@@ -340,14 +350,36 @@ class VoiceStore:
                     os.rename(folder, live)  # the replace never completed: keep the previous version
                     log.warning("voice %s: restored the previous version after an interrupted replace", voice_id)
                     continue
+            if folder.name.startswith(TRASH_PREFIX):  # a delete was interrupted: finish it, caches included
+                voice_id = _trashed_voice_id(folder)
+                if voice_id is not None and self.cache is not None:
+                    self.cache.invalidate_voice(voice_id)
             if folder.name.startswith((TMP_PREFIX, OLD_PREFIX, TRASH_PREFIX)):
                 shutil.rmtree(folder, ignore_errors=True)
                 log.info("removed leftover %s", folder.name)
         _fsync_dir(self.root)
 
 
-def _check_name(name: str) -> None:
-    """Refuse a name that is not 1-32 characters of letters, digits, ``_``, space or ``-``."""
+def _trashed_voice_id(folder: Path) -> str | None:
+    """The voice id of a trash folder: from its name (``.trash-<id>-<uuid>``), else from its meta.json."""
+    head = folder.name[len(TRASH_PREFIX):].split("-", 1)[0]
+    if _ID_RE.fullmatch(head) and "-" in folder.name[len(TRASH_PREFIX):]:
+        return head
+    try:  # a trash folder named before the id was part of the name
+        voice_id = json.loads((folder / META_FILE).read_text(encoding="utf-8")).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return voice_id if isinstance(voice_id, str) and _ID_RE.fullmatch(voice_id) else None
+
+
+def check_name(name: str) -> None:
+    """Refuse a name that is not 1-32 characters of letters, digits, ``_``, space or ``-``.
+
+    Raises
+    ------
+    VoiceError
+        The name is not allowed; the message says which characters are.
+    """
     if not NAME_RE.fullmatch(name) or name.strip() != name:
         raise VoiceError(
             f"voice name {name!r} is not allowed: use 1-32 letters, digits, spaces, '_' or '-', "
@@ -408,15 +440,18 @@ def _write_clip(path: Path, clip32k: np.ndarray) -> None:
 
 
 def _write_prompt(path: Path, prompt: VoicePrompt) -> None:
-    """Write the prompt arrays (compressed: BERT is all zeros for non-Chinese transcripts) and fsync."""
+    """Write the prompt arrays (compressed: BERT is all zeros for non-Chinese transcripts) and fsync; ``sv_emb`` is
+    stored only when the voice has one (v2Pro/v2ProPlus), so its absence on load means a v2 voice."""
+    arrays = {
+        "prompt_tokens": np.asarray(prompt.prompt_tokens, np.int64),
+        "ge": np.asarray(prompt.ge, np.float32),
+        "prompt_phones": np.asarray(prompt.prompt_phones, np.int64),
+        "prompt_bert": np.asarray(prompt.prompt_bert, np.float32),
+    }
+    if prompt.sv_emb is not None:
+        arrays["sv_emb"] = np.asarray(prompt.sv_emb, np.float32)
     with open(path, "wb") as f:
-        np.savez_compressed(
-            f,
-            prompt_tokens=np.asarray(prompt.prompt_tokens, np.int64),
-            ge=np.asarray(prompt.ge, np.float32),
-            prompt_phones=np.asarray(prompt.prompt_phones, np.int64),
-            prompt_bert=np.asarray(prompt.prompt_bert, np.float32),
-        )
+        np.savez_compressed(f, **arrays)
         f.flush()
         os.fsync(f.fileno())
 

@@ -27,6 +27,14 @@ _DROP_RE = re.compile(f"[^\u4e00-\u9fa5{re.escape(PUNCT_CHARS)}]+")
 _CONSEC_RE = re.compile(f"([{re.escape(PUNCT_CHARS)}])([{re.escape(PUNCT_CHARS)}])+")
 _TOKEN_RE = re.compile(f"[\u4e00-\u9fa5]+|[{re.escape(PUNCT_CHARS)}]")
 
+_DATE_RE = re.compile(r"(?<![0-9])([0-9]{4})[-/.]([0-9]{1,2})[-/.]([0-9]{1,2})(?![0-9])")
+_US_DATE_RE = re.compile(r"(?<![0-9])([0-9]{1,2})/([0-9]{1,2})/([0-9]{4})(?![0-9])")
+_GROUPED_RE = re.compile(r"(?<![0-9,])([0-9]{1,3}(?:,[0-9]{3})+)(?![0-9])")
+_CURRENCY_RE = re.compile(r"([¥￥$€£])\s?([0-9]+(?:\.[0-9]+)?)")
+_CURRENCIES = {"¥": "元", "￥": "元", "$": "美元", "€": "欧元", "£": "英镑"}
+_TEMPERATURE = {"℃": "摄氏度", "°C": "摄氏度", "℉": "华氏度", "°F": "华氏度"}
+MAX_CN2AN_DIGITS = 16  # longer digit runs (ids, card numbers) are read digit by digit
+
 _PARTICLES = set("吧呢啊呐噻嘛吖嗨哦哒额滴哩哟喽啰耶喔诶")  # a word-final particle is neutral
 _STRUCTURAL = set("的地得")  # word-final structural particles are neutral
 _NUMERALS = set("零一二三四五六七八九十百千万亿两")
@@ -43,6 +51,7 @@ def normalize(text: str) -> str:
     punctuation collapse to their first mark.
     """
     if re.search(r"\d", text):
+        text = _prepare_numbers(text)
         import cn2an
 
         try:
@@ -54,6 +63,25 @@ def normalize(text: str) -> str:
     text = _PUNCT_RE.sub(lambda m: _PUNCT_MAP[m.group(0)], text)
     text = _DROP_RE.sub("", text)
     return _CONSEC_RE.sub(r"\1", text)
+
+
+def _prepare_numbers(text: str) -> str:
+    """Rewrite what cn2an misreads into forms it reads right.
+
+    ``2024-03-15`` -> 2024年3月15日 (not 二千零二十四负三负十五), ``-5℃`` -> -5摄氏度 (cn2an drops the sign of a
+    temperature), ``1,250`` -> 1250, ``¥100`` -> 100元, and digit runs too long to be quantities are spelled.
+    """
+    def date(y: str, mo: str, d: str, original: str) -> str:
+        return f"{y}年{int(mo)}月{int(d)}日" if 1 <= int(mo) <= 12 and 1 <= int(d) <= 31 else original
+
+    text = _DATE_RE.sub(lambda m: date(m.group(1), m.group(2), m.group(3), m.group(0)), text)
+    text = _US_DATE_RE.sub(lambda m: date(m.group(3), m.group(1), m.group(2), m.group(0)), text)
+    for sign, word in _TEMPERATURE.items():
+        text = text.replace(sign, word)
+    text = _GROUPED_RE.sub(lambda m: m.group(1).replace(",", ""), text)
+    text = _CURRENCY_RE.sub(lambda m: m.group(2) + _CURRENCIES[m.group(1)], text)
+    return re.sub(r"[0-9]{%d,}" % (MAX_CN2AN_DIGITS + 1),
+                  lambda m: "".join("零一二三四五六七八九"[int(c)] for c in m.group(0)), text)
 
 
 @lru_cache(maxsize=1)

@@ -57,7 +57,20 @@ _NEGATIVE_RE = re.compile(r"(^|\s)-(\d)")
 _COMMA_NUMBER_RE = re.compile(r"([0-9][0-9,]+[0-9])")
 _TIME_RE = re.compile(r"\b([01]?[0-9]|2[0-3]):([0-5][0-9])\b")
 _MEASURE_RE = re.compile(r"\b([0-9]+(\.[0-9]+)?)(km/h|km|m|ft|L|tbsp|tsp|h|min|s|°C|°F)(?![A-Za-z0-9])")
-_MONEY_RE = re.compile(r"([$£])([0-9.,]*[0-9]+)|([0-9.,]*[0-9]+)([$£])")
+_MONEY_RE = re.compile(r"([$£€¥])([0-9.,]*[0-9]+)|([0-9.,]*[0-9]+)([$£€¥])")
+_CURRENCIES = {  # sign -> (unit, units, hundredth, hundredths); yen has no hundredth in use
+    "$": ("dollar", "dollars", "cent", "cents"),
+    "£": ("pound", "pounds", "penny", "pence"),
+    "€": ("euro", "euros", "cent", "cents"),
+    "¥": ("yen", "yen", "", ""),
+}
+_GROUPED_RE = re.compile(r"(?<![0-9,.])([0-9]{1,3}(?:,[0-9]{3})+)(?:\.([0-9]+))?(?![0-9]|,[0-9])")
+_ISO_DATE_RE = re.compile(r"(?<![0-9\-])([0-9]{4})-([0-9]{2})-([0-9]{2})(?![0-9\-])")
+_US_DATE_RE = re.compile(r"(?<![0-9/])([0-9]{1,2})/([0-9]{1,2})/([0-9]{4})(?![0-9/])")
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December")
+MAX_WORD_DIGITS = 15  # longer numbers (ids, card numbers, 37+ digits inflect cannot name) are read digit by digit
+_DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _DECIMAL_RE = re.compile(r"([0-9]+)\.([0-9]+)")
 _FRACTION_RE = re.compile(r"\b([0-9]+)/([0-9]+)\b")
 _ORDINAL_RE = re.compile(r"\b([0-9]+)(st|nd|rd|th)\b")
@@ -77,41 +90,79 @@ def _inflect() -> Any:
 
 
 def _words(n: int | str, **kw: Any) -> str:
-    """A number in words, e.g. 42 -> "forty-two"."""
-    return str(_inflect().number_to_words(str(n), **kw))
+    """A number in words, e.g. 42 -> "forty-two"; a very long one digit by digit (inflect cannot name it)."""
+    digits = str(n)
+    bare = digits.rstrip("stndrh")  # "21st" -> "21"
+    if bare.isdigit() and len(bare) > MAX_WORD_DIGITS:
+        return " ".join(_DIGITS[int(d)] for d in bare)
+    return str(_inflect().number_to_words(digits, **kw))
+
+
+def _year(n: int) -> str:
+    """A year in words: 1984 -> nineteen eighty-four, 2005 -> two thousand five, 1900 -> nineteen hundred."""
+    if n == 2000:
+        return "two thousand"
+    if 2000 < n < 2010:
+        return "two thousand " + _words(n % 100)
+    if n % 100 == 0:
+        return _words(n // 100) + " hundred"
+    return _words(n, andword="", zero="oh", group=2).replace(", ", " ")
 
 
 def _year_or_number(m: re.Match[str]) -> str:
     """1000-3000 read as years (1984 -> nineteen eighty-four), others as cardinals."""
     n = int(m.group(0))
-    if 1000 < n < 3000:
-        if n == 2000:
-            return "two thousand"
-        if 2000 < n < 2010:
-            return "two thousand " + _words(n % 100)
-        if n % 100 == 0:
-            return _words(n // 100) + " hundred"
-        return _words(n, andword="", zero="oh", group=2).replace(", ", " ")
-    return _words(n, andword="")
+    if 1000 < n < 3000 and len(m.group(0)) == 4:
+        return _year(n)
+    return _words(m.group(0), andword="")
+
+
+def _grouped(m: re.Match[str]) -> str:
+    """1,250 -> one thousand two hundred fifty: written with separators it is a quantity, never a year."""
+    whole = _words(m.group(1).replace(",", ""), andword="").replace(",", "")
+    if m.group(2):
+        return whole + " point " + " ".join(_DIGITS[int(d)] for d in m.group(2))
+    return whole
+
+
+def _us_date(m: re.Match[str]) -> str:
+    """03/15/2024 (month first, as written in the US); 15/03/2024 when the first number cannot be a month."""
+    first, second, year = m.group(1), m.group(2), m.group(3)
+    if int(first) > 12 >= int(second):
+        first, second = second, first
+    return _date(year, first, second, m.group(0))
+
+
+def _date(year: str, month: str, day: str, original: str) -> str:
+    """March fifteenth, twenty twenty-four (the original text when it is not a real date)."""
+    y, mo, d = int(year), int(month), int(day)
+    if not (1 <= mo <= 12 and 1 <= d <= 31):
+        return original
+    return f"{_MONTHS[mo - 1]} {_inflect().ordinal(_words(d))}, {_year(y) if 1000 < y < 3000 else _words(y)}"
 
 
 def _money(m: re.Match[str]) -> str:
-    """$6.24 -> 6 dollars and 24 cents (digits are spelled by a later pass)."""
+    """$6.24 -> 6 dollars and 24 cents, €20 -> 20 euros, ¥100 -> 100 yen (digits are spelled by a later pass)."""
     sign = m.group(1) or m.group(4)
     amount = m.group(2) or m.group(3)
-    big, small = ("dollar", "cent") if sign == "$" else ("pound", "penny")
+    big, bigs, small, smalls = _CURRENCIES[sign]
     parts = amount.replace(",", "").split(".")
     if len(parts) > 2:
-        return amount + " " + big + "s"
+        return amount + " " + bigs
     whole = int(parts[0]) if parts[0] else 0
-    frac = int(parts[1][:2].ljust(2, "0")) if len(parts) > 1 and parts[1] else 0
-    big_w = big if whole == 1 else big + "s"
-    small_w = small if frac == 1 else ("pence" if small == "penny" else small + "s")
+    frac = int(parts[1][:2].ljust(2, "0")) if len(parts) > 1 and parts[1] and small else 0
+    big_w = big if whole == 1 else bigs
+    small_w = small if frac == 1 else smalls
     if whole and frac:
-        return f"{whole} {big_w} and {frac} {small_w}"
+        return f"{_cardinal(whole)} {big_w} and {frac} {small_w}"
     if frac:
         return f"{frac} {small_w}"
-    return f"{whole} {big_w}"
+    return f"{_cardinal(whole)} {big_w}"
+
+
+def _cardinal(n: int) -> str:
+    """An amount as a plain number, never a year ($1,500 is fifteen hundred dollars, not a year)."""
+    return _words(n, andword="").replace(",", "")
 
 
 def _time(m: re.Match[str]) -> str:
@@ -149,7 +200,11 @@ def normalize(text: str) -> str:
     ordinals, years, accents stripped, ``%``, ``i.e.``/``e.g.``, a space before inner capitals (``NASA`` ->
     ``N A S A``), runs of punctuation collapsed; other characters are removed.
     """
+    text = text.replace("℃", "°C").replace("℉", "°F")
     text = _TIME_RE.sub(_time, text)  # before ":" becomes ","
+    # dates before "-" (negatives) and "/" (fractions) take them apart
+    text = _ISO_DATE_RE.sub(lambda m: _date(m.group(1), m.group(2), m.group(3), m.group(0)), text)
+    text = _US_DATE_RE.sub(_us_date, text)
     text = re.sub(r"[;:：，；]", ",", text)
     text = re.sub(r"[\"’‘“”]", "'", text)
     text = text.replace("。", ".").replace("！", "!").replace("？", "?")
@@ -157,9 +212,10 @@ def normalize(text: str) -> str:
     while _ARITH_RE.search(text):
         text = _ARITH_RE.sub(lambda m: m.group(1) + _ARITH_WORDS[m.group(2)] + m.group(3), text)
     text = _NEGATIVE_RE.sub(r"\1negative \2", text)
+    text = _MONEY_RE.sub(_money, text)  # before thousands separators go: "$1,500" is an amount
+    text = _GROUPED_RE.sub(_grouped, text)  # "1,250" is a quantity, not the year 1250
     text = _COMMA_NUMBER_RE.sub(lambda m: m.group(1).replace(",", ""), text)
     text = _MEASURE_RE.sub(_measure, text)
-    text = _MONEY_RE.sub(_money, text)
     text = _DECIMAL_RE.sub(lambda m: m.group(1) + " point " + " ".join(m.group(2)), text)
     text = _FRACTION_RE.sub(_fraction, text)
     text = _ORDINAL_RE.sub(lambda m: _words(m.group(0)), text)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engines.base import SpeechError
+from engines import SpeechError
 
 
 class TextError(SpeechError):

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from engines.base import BERT_DIM
+from engines import BERT_DIM
 from synthesis.types import LANGUAGES
 
 from . import chinese, english, japanese

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import soundfile as sf
@@ -104,3 +107,110 @@ def test_unknown_config_key_is_one_clear_line(tmp_path: Path):
     cfg.write_text("engine:\n  devce: cpu\n")
     r = _cli("--config", str(cfg), "voices", "list")
     assert r.returncode == 2 and "unknown config key engine.devce" in r.stderr
+
+
+# ---- issue 16: one-line errors, checked before the models load (9), uploads checked before reading (8) ----------
+
+def _one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr[-2000:]  # no traceback
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_command_line_mistakes_are_one_line_before_any_model_loads(tmp_path: Path):
+    # the model files do not exist: a command that got as far as loading them would say so instead
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"models:\n  dir: {tmp_path}/m\n  gpt: {tmp_path}/m/g.ckpt\nvoices:\n  dir: {tmp_path}/voices\n")
+    clip = tmp_path / "clip.wav"
+    clip.write_bytes(speech_like_wav())
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "zero.wav").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo.wav")
+    c = ("--config", str(cfg))
+    out = ("-o", str(tmp_path / "o.wav"))
+    _one_line_error(_cli(*c, "say", "Hi.", *out), "--voice", "--ref")
+    _one_line_error(_cli(*c, "say", "Hi.", "--ref", str(tmp_path / "missing.wav"), *out), "no file", "missing.wav")
+    _one_line_error(_cli(*c, "say", "Hi.", "--voice", "x", "--lang", "xx", *out), "--lang", "'xx'", "en")
+    _one_line_error(_cli(*c, "say", "Hi.", "--voice", "nobody", *out), "no voice named 'nobody'")
+    _one_line_error(_cli(*c, "voices", "add", "X", str(tmp_path / "missing.wav")), "no file")
+    _one_line_error(_cli(*c, "voices", "add", "X", str(tmp_path / "folder")), "is a folder")
+    _one_line_error(_cli(*c, "voices", "add", "X", str(tmp_path / "zero.wav"), timeout=60), "not a regular file")
+    _one_line_error(_cli(*c, "voices", "add", "X", str(tmp_path / "fifo.wav"), timeout=60), "not a regular file")
+    _one_line_error(_cli(*c, "voices", "add", "X", str(clip), "--lang", "xx"), "--lang", "'xx'")
+    for name in ("j.doe", "O'Brien"):  # names the store refuses, refused before the clip is read
+        _one_line_error(_cli(*c, "voices", "add", name, str(clip)), "not allowed", name)
+    assert not (tmp_path / "voices").exists() or not any((tmp_path / "voices").iterdir())
+
+
+class _Discord401(threading.Thread):
+    """A local HTTP server that answers 401, as Discord does to a wrong bot token."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                self.send_response(401)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"message": "401: Unauthorized", "code": 0}')
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v10"
+
+    def run(self) -> None:
+        self.server.serve_forever()
+
+
+def test_a_wrong_or_unreachable_token_is_one_line(tiny_models: Path, tmp_path: Path):
+    discord = _Discord401()
+    discord.start()
+    try:
+        for api_base, needle in ((discord.url, "Discord refused the token in DISCORD_TOKEN"),
+                                 ("http://127.0.0.1:1/api/v10", "cannot reach Discord")):
+            cfg = _config(tiny_models, tmp_path)
+            cfg.write_text(cfg.read_text().replace("discord:\n", f"discord:\n  api_base: {api_base}\n"))
+            for command in ("check-token", "run"):
+                _one_line_error(_cli("--config", str(cfg), command, env={"DISCORD_TOKEN": "wrong"}, timeout=120),
+                                needle)
+    finally:
+        discord.server.shutdown()
+
+
+def test_voices_delete_removes_the_database_rows_that_name_the_voice(tiny_models: Path, tmp_path: Path):
+    import asyncio
+
+    from bot.store import Store
+    from synthesis.voices import VoiceStore
+    from tests.synthesis.test_voices import create
+
+    cfg = _config(tiny_models, tmp_path)
+    voice = create(VoiceStore(tmp_path / "voices"), "Alice")
+    database = tmp_path / "voicebot.sqlite3"  # discord.database, relative to the config file
+    words = "I-AGREE-TO-BE-CLONED-5c1e"
+
+    async def fill() -> None:
+        async with Store(database) as store:
+            await store.record_consent(voice.id, 42, words)
+            await store.share_voice(voice.id, 1, 42)
+            await store.set_user_setting(7, "voice", voice.id)
+            await store.set_guild_setting(1, "default_voice", voice.id)
+
+    asyncio.run(fill())
+    r = _cli("--config", str(cfg), "voices", "delete", "Alice")
+    assert r.returncode == 0, r.stderr
+    assert "4 database row(s)" in r.stdout
+    conn = sqlite3.connect(database)
+    try:
+        for table in ("consent", "voice_shares", "user_settings", "guild_settings"):
+            assert conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone() == (0,), table
+    finally:
+        conn.close()
+    blob = b"".join(p.read_bytes() for p in tmp_path.glob("voicebot.sqlite3*"))
+    assert words.encode() not in blob and voice.id.encode() not in blob
+    assert not any((tmp_path / "voices").iterdir())

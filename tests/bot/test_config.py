@@ -62,3 +62,31 @@ def test_token_comes_only_from_the_environment(monkeypatch):
     assert cfg.secret(cfg.discord.token_env) is None
     monkeypatch.setenv("DISCORD_TOKEN", " abc ")
     assert cfg.secret(cfg.discord.token_env) == "abc"
+
+
+@pytest.mark.parametrize("raw, message", [
+    ("synthesis:\n  temperature: 1.0e+308\n", "synthesis: temperature must be a finite number"),
+    ("synthesis:\n  repetition_penalty: .nan\n", "synthesis: repetition_penalty must be a finite number"),
+    ("synthesis:\n  queue_size: 0\n", "synthesis: queue_size must be at least 1"),
+    ("synthesis:\n  deadline_s: 0\n", "synthesis: deadline_s must be above 0"),
+])
+def test_bad_synthesis_defaults_are_refused_at_load(tmp_path: Path, raw: str, message: str) -> None:
+    """Issue 16, 4: a default no request could use is a config error naming the key, not a failure later."""
+    p = tmp_path / "c.yaml"
+    p.write_text(raw)
+    with pytest.raises(ConfigError, match=message):
+        load_config(p)
+
+
+def test_cache_reuse_random_reaches_the_cache(tiny_config) -> None:
+    import dataclasses
+
+    from bot.services import build_synthesizer
+
+    cfg = dataclasses.replace(tiny_config, cache=dataclasses.replace(tiny_config.cache, reuse_random=False))
+    synth = build_synthesizer(cfg)
+    try:
+        assert synth.cache.reuse_random is False and not synth.cache.cacheable({"seed": -1, "top_k": 15})
+    finally:
+        synth.worker.close()
+        synth.cache.close()

@@ -307,3 +307,22 @@ async def test_corrupt_stored_value_falls_back_to_default(store: Store) -> None:
         lambda c: c.execute("INSERT INTO guild_settings VALUES (?, 'repeat_cap', '\"lots\"')", (G1,))
     )
     assert await store.get_guild_setting(G1, "repeat_cap") == 3
+
+
+@pytest.mark.parametrize("how", ["voice", "user"])
+async def test_deleted_rows_leave_no_bytes_in_the_database_or_its_wal(store: Store, tmp_path: Path, how: str) -> None:
+    """Issue 16, 5: after a delete or /forget-me the consent words are in neither the database nor the WAL."""
+    words = "I-AGREE-THAT-THIS-BOT-SPEAKS-IN-MY-VOICE-7f3a"
+    voice_id = "ab" * 16
+    await store.record_consent(voice_id, ALICE, words)
+    await store.share_voice(voice_id, G1, ALICE)
+    await store.set_user_setting(BOB, "voice", voice_id, guild_id=G1)
+    files = lambda: b"".join(p.read_bytes() for p in (tmp_path / "db").glob("voicebot.sqlite3*"))  # noqa: E731
+    assert words.encode() in files() and voice_id.encode() in files()  # (the test can see the rows)
+    if how == "voice":
+        await store.forget_voice(voice_id)
+    else:
+        await store.forget_user(ALICE, [voice_id])
+    assert words.encode() not in files() and voice_id.encode() not in files()
+    assert (tmp_path / "db" / "voicebot.sqlite3-wal").stat().st_size == 0  # checkpointed and truncated
+    assert await store.consents(voice_id) == []

@@ -262,3 +262,15 @@ async def test_preview_sends_a_short_wav(harness):
     assert abs(np.argmax(spectrum) * rate / len(audio) - (200 + 10 * int(own.id[1:]))) < 3
     token = await h.slash("voice preview", BOB)
     assert "You have no voice yet" in last_reply(h, token)[0]
+
+
+@pytest.mark.parametrize("name", ["j.doe", "O'Brien", "a/b", "x" * 33])
+async def test_a_name_the_store_refuses_is_refused_before_consent(harness, name):
+    """Issue 16, 8: the voice store's rule, applied before the consent question, the download and the encoding."""
+    h = harness
+    token, task = h.start_slash("voice clone", ALICE, clip=h.attachment("me.ogg", OGG, "audio/ogg"), name=name)
+    await asyncio.wait_for(task, 3)
+    text, ephemeral = last_reply(h, token)
+    assert ephemeral and "is not allowed" in text and "name option" in text
+    assert "I confirm" not in text  # no consent question was asked
+    assert h.downloads == [] and h.services.synthesizer.created == []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,9 +20,56 @@ SEEDED = SynthesisParams(language="en", seed=1234, noise_scale=0.5)
 CONSENT = {"user_id": 1, "text": "this is my own voice"}
 
 
+class EngineSpy:
+    """The real engine, delegated to call by call; ``events`` logs each GPT step and SoVITS decode in order.
+
+    A test appends its own events (a chunk it received) to the same list, so "the GPT ran after the first chunk went
+    out" is read off the order of events, not off a clock.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.events: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def open_batch(self, *args: Any, **kwargs: Any) -> Any:
+        return _BatchSpy(self._engine.open_batch(*args, **kwargs), self.events)
+
+    def decode(self, *args: Any, **kwargs: Any) -> Any:
+        self.events.append("decode")
+        return self._engine.decode(*args, **kwargs)
+
+
+class _BatchSpy:
+    def __init__(self, batch: Any, events: list[str]) -> None:
+        self._batch, self._events = batch, events
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batch, name)
+
+    def step(self) -> Any:
+        self._events.append("gpt_step")
+        return self._batch.step()
+
+
 @pytest.fixture
 async def synth(tiny_config):
     s = build_synthesizer(tiny_config)
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def spied(tiny_config, monkeypatch):
+    """A synthesizer whose engine is wrapped in an :class:`EngineSpy` (``synth.engine``)."""
+    import bot.services
+
+    real_load = bot.services.load_engine
+    monkeypatch.setattr(bot.services, "load_engine", lambda *a, **kw: EngineSpy(real_load(*a, **kw)))
+    s = build_synthesizer(tiny_config)
+    assert isinstance(s.engine, EngineSpy)
     yield s
     await s.close()
 
@@ -106,20 +153,28 @@ async def test_seeded_runs_are_deterministic(synth, fresh_synth, voice):
         assert np.array_equal(a, b)
 
 
-async def test_prosody_hit_skips_the_gpt_and_is_bit_identical(synth, fresh_synth, voice):
+async def test_prosody_hit_skips_the_gpt_and_is_bit_identical(spied, fresh_synth):
+    synth = spied
+    voice, _ = await synth.create_voice("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
+                                        language="en", consent=CONSENT)
     text = "Good morning everyone."
     faster = dataclasses.replace(SEEDED, speed=1.1)  # speed is in the audio key, not in the prosody key
     cold = await collect(fresh_synth, text, voice, faster)
     assert cold[-1].timings["prosody_hit"] == 0.0 and cold[-1].timings["gpt_s"] > 0
+    events = synth.engine.events
     await collect(synth, text, voice)  # computes and caches the prosody
-    steps = synth.worker.gpt_steps
+    assert "gpt_step" in events and "decode" in events
+    steps, seen = synth.worker.gpt_steps, len(events)
     hit = await collect(synth, text, voice, faster)
-    assert synth.worker.gpt_steps == steps  # no GPT step at all
+    # the prosody hit skipped the GPT (not one step, by the worker's count and the engine's) and ran SoVITS
+    assert synth.worker.gpt_steps == steps and "gpt_step" not in events[seen:] and "decode" in events[seen:]
     assert hit[-1].timings["prosody_hit"] == 1.0 and hit[-1].timings["audio_hit"] == 0.0
     assert hit[-1].timings["gpt_s"] == 0.0
     assert np.array_equal(by_sentence(hit)[0], by_sentence(cold)[0])
+    seen = len(events)
     again = await collect(synth, text, voice, faster)
     assert again[-1].timings["audio_hit"] == 1.0
+    assert events[seen:] == []  # the audio hit ran neither the GPT nor SoVITS
     assert np.array_equal(by_sentence(again)[0], by_sentence(cold)[0])
 
 
@@ -134,13 +189,23 @@ async def test_voice_delete_leaves_nothing(synth, voice, tiny_config):
     assert synth.cache.get_tokens(key) is None
 
 
-async def test_first_chunk_arrives_before_the_last_sentence_is_computed(synth, voice):
+async def test_first_chunk_arrives_before_the_last_sentence_is_computed(spied):
+    synth = spied
+    voice, _ = await synth.create_voice("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
+                                        language="en", consent=CONSENT)
     text = " ".join(f"Sentence number {w} is here." for w in ("one", "two", "three", "four", "five", "six"))
-    seen_at_first = None
+    events = synth.engine.events
+    events.clear()
+    misses_at_first = None
     async for chunk in synth.stream(text, voice, SEEDED):
-        if seen_at_first is None:
-            seen_at_first = synth.counters["prosody_miss"]
-    assert seen_at_first is not None and seen_at_first < 6
+        if misses_at_first is None:
+            misses_at_first = synth.counters["prosody_miss"]
+        events.append(f"chunk {chunk.index}")
+    first_out = events.index("chunk 0")
+    # the GPT of the later sentences ran after the first chunk went out: sentences are rendered a few ahead, not all
+    assert "gpt_step" in events[first_out:] and "decode" in events[first_out:], events
+    assert misses_at_first is not None and misses_at_first < 6
+    assert [e for e in events if e.startswith("chunk")] == sorted(e for e in events if e.startswith("chunk"))
 
 
 async def test_cancellation_stops_model_work(synth, voice):
@@ -180,31 +245,37 @@ async def test_full_queue_answers_busy_at_once(synth, voice):
     first = asyncio.create_task(anext(gen))
     while synth.worker.queue_depth < 1:  # the first request's work is queued or running
         await asyncio.sleep(0.001)
-    t0 = time.perf_counter()
+    requests, busy = synth.counters["requests"], synth.counters["busy"]
     with pytest.raises(BusyError):
         await anext(synth.stream("Another one.", voice, SEEDED))
-    assert time.perf_counter() - t0 < 0.1
+    # refused at the door, not after waiting for room: it was counted busy and never became a request
+    assert synth.counters["busy"] == busy + 1 and synth.counters["requests"] == requests
     await first
     await gen.aclose()
 
 
 async def test_streamed_text_starts_before_the_text_ends(synth, voice):
-    sent_last_at = None
+    first_chunk = asyncio.Event()
+    sent = 0
 
     async def pieces():
-        nonlocal sent_last_at
-        for p in ["Hel", "lo there. ", "How are", " you today? ", "I am", " fine."]:
-            await asyncio.sleep(0.3)
+        nonlocal sent
+        for i, p in enumerate(["Hel", "lo there. ", "How are", " you today? ", "I am", " fine."]):
+            if i == 3:  # the rest of the text comes only once speech has begun (or, if it never does, after 60 s)
+                await asyncio.wait_for(first_chunk.wait(), 60)
+            sent += 1
             yield p
-        sent_last_at = time.perf_counter()
 
-    first_at = None
-    chunks = []
+    chunks, sent_at_first = [], None
     async for c in synth.stream(pieces(), voice, SEEDED):
-        first_at = first_at or time.perf_counter()
+        if not chunks:
+            sent_at_first = sent
+            first_chunk.set()
         chunks.append(c)
     assert [c.sentence.strip()[:5] for c in chunks][:1] == ["Hello"]
-    assert first_at < sent_last_at
+    # the first sentence was spoken while the text was still being written: after "lo there. " (or the next
+    # piece, which the splitter may wait for), and the last three pieces were held until it was
+    assert sent_at_first in (2, 3), sent_at_first
 
 
 async def test_live_requests_go_before_background_precompute(synth, voice):

@@ -128,7 +128,10 @@ def test_delete_leaves_no_file_or_cache_entry(tmp_path: Path) -> None:
     assert gone.id.encode() not in blob and kept.id.encode() not in blob
 
 
-def test_replace_bumps_version_and_invalidates(tmp_path: Path) -> None:
+def test_replace_bumps_version_and_invalidates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a clock that ticks once per reading: "updated" is the replace's time, whatever the machine's speed
+    ticks = iter(f"2026-01-01T00:00:{n:02d}.000+00:00" for n in range(60))
+    monkeypatch.setattr(voices_mod, "_now", lambda: next(ticks))
     cache = SynthesisCache(tmp_path / "cache", 1 << 20, 1 << 20)
     store = VoiceStore(tmp_path / "voices", cache=cache)
     v = create(store)
@@ -139,7 +142,8 @@ def test_replace_bumps_version_and_invalidates(tmp_path: Path) -> None:
     np.testing.assert_array_equal(v2.prompt.prompt_tokens, make_prompt(9).prompt_tokens)
     np.testing.assert_allclose(store.load_clip(v.id), make_reference().wav32k, atol=2e-7)  # clip kept
     assert cache.get_tokens(k) is None and cache.stats()["prosody"]["entries"] == 0
-    assert store.get(v.id).version == 2 and store.meta(v.id)["created"] < store.meta(v.id)["updated"]
+    meta = store.meta(v.id)
+    assert store.get(v.id).version == 2 and meta["created"] < meta["updated"]  # the create's tick, the replace's
     assert files_under(tmp_path / "voices") == [v.id, f"{v.id}/clip.flac", f"{v.id}/meta.json", f"{v.id}/prompt.npz"]
     v3 = store.replace(v.id, make_prompt(3), reference=make_reference(5.0, seed=3))
     assert v3.version == 3 and store.load_clip(v.id).size == 5 * 32000
