@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from tqdm import tqdm
 
-from engines.base import SpeechError
+from synthesis import SpeechError
 
 log = logging.getLogger(__name__)
 

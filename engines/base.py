@@ -6,6 +6,7 @@ a :class:`VoicePrompt` the caller keeps and passes in with every request.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
@@ -18,6 +19,8 @@ SAMPLES_PER_TOKEN = 1280  # samples @ 32 kHz per semantic token (25 Hz)
 EOS_TOKEN = 1024  # the GPT's end-of-sequence id (vocab 1025)
 MAX_DECODE_STEPS = 1500  # upstream's hard cap on GPT steps per sentence (60 s of audio)
 BERT_DIM = 1024  # chinese-roberta-wwm-ext-large hidden size
+MAX_TEMPERATURE = 100.0  # sampling temperature bound (upstream's UI offers 0-1; beyond 100 is uniform noise)
+MAX_REPETITION_PENALTY = 100.0  # repetition penalty bound (upstream's default is 1.35)
 
 
 class SpeechError(Exception):
@@ -46,12 +49,16 @@ class VoicePrompt:
         ``[Tpp]`` int64, phone ids of the reference transcript. Empty for reference-free mode.
     prompt_bert:
         ``[1024, Tpp]`` float32, BERT features of the reference transcript (zeros for non-Chinese).
+    sv_emb:
+        ``[n_refs, sv_dim]`` float32, the speaker-verification features of each reference clip, present exactly when
+        the voice was encoded for a v2Pro/v2ProPlus SoVITS (its ``ge`` is then already fused with them); None for v2.
     """
 
     prompt_tokens: np.ndarray
     ge: np.ndarray
     prompt_phones: np.ndarray
     prompt_bert: np.ndarray
+    sv_emb: np.ndarray | None = None
 
     @property
     def reference_free(self) -> bool:
@@ -70,14 +77,26 @@ class SamplingParams:
     early_stop_num: int = -1  # -1: only the 1500-step cap applies
 
     def __post_init__(self) -> None:
-        if self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        # Checked here, at the door, so that a bad value fails its own request with a clear message instead of
+        # failing inside a running decode batch (where it would take every request in the batch down with it).
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 1:
+            raise ValueError(f"top_k must be a whole number >= 1, got {self.top_k!r}")
+        _check_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _check_range("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        _check_range("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))):
+            raise ValueError(f"seed must be a whole number or None, got {self.seed!r}")
+        if isinstance(self.early_stop_num, bool) or not isinstance(self.early_stop_num, (int, np.integer)):
+            raise ValueError(f"early_stop_num must be a whole number, got {self.early_stop_num!r}")
+
+
+def _check_range(name: str, value: object, lo: float, hi: float, *, low_open: bool = False) -> None:
+    """Refuse a value that is not a finite number in ``[lo, hi]`` (``(lo, hi]`` with ``low_open``)."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    v = float(value) if ok else math.nan  # type: ignore[arg-type]
+    if not (math.isfinite(v) and (lo < v if low_open else lo <= v) and v <= hi):
+        interval = f"{'(' if low_open else '['}{lo:g}, {hi:g}]"
+        raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -111,6 +130,7 @@ class ModelPaths(Protocol):
     sovits: Path
     hubert: Path
     bert: Path
+    sv: Path  # the speaker-verification model; read only when the SoVITS is v2Pro/v2ProPlus
 
 
 class SemanticBatch(Protocol):
@@ -143,18 +163,26 @@ class SemanticBatch(Protocol):
 
 
 class Engine(Protocol):
-    """A GPT-SoVITS v2 backend. Implementations: torch, onnx, tensorrt (see ``load_engine``)."""
+    """A GPT-SoVITS v2/v2Pro/v2ProPlus backend. Implementations: torch, onnx, tensorrt (see ``load_engine``)."""
 
     name: str  # "torch", "onnx", "tensorrt"
     device: str  # "cpu", "cuda:0", ...
     precision: str  # "fp32", "fp16", "bf16", "int8"
     model_id: str  # stable identity of the loaded weights (hash), for cache keys
 
-    def encode_reference(self, wav16k: np.ndarray | None, refs32k: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def encode_speaker(self, refs32k: Sequence[np.ndarray]) -> np.ndarray | None:
+        """v2Pro/v2ProPlus: the speaker-verification features ``[n_refs, sv_dim]`` float32 of each 32 kHz clip (for
+        ``VoicePrompt.sv_emb`` and ``encode_reference``); None for a plain v2 SoVITS, which does not use them."""
+        ...
+
+    def encode_reference(self, wav16k: np.ndarray | None, refs32k: Sequence[np.ndarray],
+                         sv_emb: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Reference audio -> (prompt_tokens ``[Tp]`` int64, ge ``[gin, 1]`` float32).
 
         ``wav16k``: ``[N]`` float32 @ 16 kHz, 3-10 s (None: no prompt tokens, reference-free).
         ``refs32k``: one or more ``[N]`` float32 @ 32 kHz clips for ``ge`` (averaged).
+        ``sv_emb``: v2Pro/v2ProPlus: ``encode_speaker(refs32k)``, fused into each clip's style (computed when None);
+        ignored by a v2 SoVITS.
         """
         ...
 

@@ -27,7 +27,7 @@ import torch
 from engines.base import ModelPaths, BERT_DIM, EngineError
 from engines.export import GRAPHS, ensure_onnx, load_manifest
 from engines.gpt_sovits.checkpoint import file_fingerprint
-from engines.onnx_engine import GraphEngine
+from engines.onnx_engine import GraphEngine, refuse_v2pro, sovits_family
 from engines.torch_engine import MAX_CONTEXT
 
 log = logging.getLogger(__name__)
@@ -286,6 +286,7 @@ class TensorRTEngine(GraphEngine):
         """
         _import_trt()
         _device_id(device)
+        refuse_v2pro(sovits_family(models, onnx_dir))
         folder = ensure_onnx(models, onnx_dir)
         plans = build_trt_engines(folder, trt_dir, device=device, workspace_mb=workspace_mb, max_batch=max_batch)
         runner = _TrtRunner(plans, device)

@@ -28,6 +28,7 @@ from engines.gpt_sovits.generate import SYNC_EVERY, BatchDecoder, CudaGraphStep,
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.gpt_sovits.sovits import SoVITSDecoder, mean_style
 from engines.gpt_sovits.spectrogram import reference_spec_input
+from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice
 from engines.loader import use_lane_stream
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ class TorchEngine:
 
     def __init__(self, gpt: Text2SemanticModel, sovits: SoVITSDecoder, *, device: str, precision: str,
                  model_id: str, hubert_path: Path | None = None, bert_path: Path | None = None,
-                 max_batch: int = 8, cuda_graphs: bool = True, threads: int = 0) -> None:
+                 max_batch: int = 8, cuda_graphs: bool = True, threads: int = 0,
+                 sv_path: Path | None = None) -> None:
         self.gpt = gpt
         self.sovits = sovits
         self.device = device
@@ -92,11 +94,14 @@ class TorchEngine:
         # HuBERT/BERT in the SoVITS precision on GPU, fp32 on CPU
         self.encoders = LazyEncoders(hubert_path, bert_path, device,
                                      self._sovits_dtype if device.startswith("cuda") else torch.float32)
+        # v2Pro/v2ProPlus: the speaker-verification model, loaded when the first voice is encoded
+        self.speaker = (LazySpeakerEncoder(sv_path, device, sovits.cfg.sv_dim)
+                        if sovits.cfg.is_v2pro and sv_path is not None else None)
 
     @classmethod
     def from_files(cls, models: ModelPaths, *, device: str = "cpu", precision: str = "fp32", max_batch: int = 8,
                    cuda_graphs: bool = True, threads: int = 0) -> TorchEngine:
-        """Load the GPT and SoVITS checkpoints (HuBERT and BERT load on first use)."""
+        """Load the GPT and SoVITS checkpoints (HuBERT, BERT and a v2Pro SoVITS's SV model load on first use)."""
         for label, path in (("GPT", models.gpt), ("SoVITS", models.sovits)):
             if not Path(path).is_file():
                 raise EngineError(f"the {label} model file {path} does not exist: run `python -m bot models "
@@ -108,11 +113,21 @@ class TorchEngine:
             gpt.quantize_int8()
         sovits = SoVITSDecoder.from_checkpoint(load_sovits_checkpoint(models.sovits), device,
                                                torch.float32 if int8 else dtype)
-        model_id = hashlib.sha256(
-            f"{file_fingerprint(models.gpt)}:{file_fingerprint(models.sovits)}".encode()).hexdigest()[:16]
+        ident = f"{file_fingerprint(models.gpt)}:{file_fingerprint(models.sovits)}"
+        sv_path: Path | None = None
+        if sovits.cfg.is_v2pro:  # its voices' style depends on the SV model too, so it is part of the identity
+            sv = getattr(models, "sv", None)
+            if sv is None or not Path(sv).is_file():
+                raise EngineError(f"the {sovits.cfg.version} SoVITS {models.sovits} needs the speaker-verification "
+                                  f"model sv/pretrained_eres2netv2w24s4ep4.ckpt ({sv or 'not configured'} does not "
+                                  "exist): download it from upstream's pretrained set (Hugging Face "
+                                  "lj1995/GPT-SoVITS, folder sv/) and point models.sv in config.yaml at it")
+            sv_path = Path(sv)
+            ident += f":{file_fingerprint(sv_path)}"
+        model_id = hashlib.sha256(ident.encode()).hexdigest()[:16]
         return cls(gpt, sovits, device=device, precision=precision, model_id=model_id,
                    hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
-                   cuda_graphs=cuda_graphs, threads=threads)
+                   cuda_graphs=cuda_graphs, threads=threads, sv_path=sv_path)
 
     def bind_thread(self) -> None:
         """Called once by the thread that will run this engine: give it the engine's CPU threads.
@@ -140,20 +155,44 @@ class TorchEngine:
     # ---- Engine protocol -------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def encode_reference(self, wav16k: np.ndarray | None,
-                         refs32k: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def encode_speaker(self, refs32k: Sequence[np.ndarray]) -> np.ndarray | None:
+        """v2Pro/v2ProPlus: the SV features ``[n_refs, sv_dim]`` float32 of each 32 kHz clip (for
+        ``VoicePrompt.sv_emb``); None for a plain v2 SoVITS, which has no use for them."""
+        self._check_thread()
+        if not self.sovits.cfg.is_v2pro:
+            return None
+        if self.speaker is None:
+            raise EngineError(f"the {self.sovits.cfg.version} SoVITS needs the speaker-verification model: "
+                              "point models.sv at sv/pretrained_eres2netv2w24s4ep4.ckpt")
+        if not refs32k:
+            raise EngineError("encode_speaker needs at least one 32 kHz reference clip")
+        encoder = self.speaker.get()
+        return torch.cat([encoder.embed(np.asarray(w, np.float32)) for w in refs32k]).cpu().numpy()
+
+    @torch.inference_mode()
+    def encode_reference(self, wav16k: np.ndarray | None, refs32k: Sequence[np.ndarray],
+                         sv_emb: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """As the Engine protocol; for a v2Pro/v2ProPlus SoVITS each clip's style is fused with its SV features:
+        ``sv_emb`` from :meth:`encode_speaker` (computed here when None), row i for ``refs32k[i]``."""
         self._check_thread()
         if not refs32k:
             raise EngineError("encode_reference needs at least one 32 kHz reference clip")
+        svs: list[torch.Tensor | None] = [None] * len(refs32k)
+        if self.sovits.cfg.is_v2pro:
+            feats = self.encode_speaker(refs32k) if sv_emb is None else np.asarray(sv_emb, np.float32)
+            assert feats is not None
+            if feats.shape[0] != len(refs32k):
+                raise EngineError(f"sv_emb has {feats.shape[0]} rows for {len(refs32k)} reference clips")
+            svs = [torch.as_tensor(row, device=self.device).view(1, -1) for row in feats]
         tokens = np.zeros(0, np.int64)
         if wav16k is not None:
             ssl = self.encoders.hubert().encode(wav16k)  # [1, 768, T50]
             codes = self.sovits.extract_latent(ssl.to(self._sovits_dtype))  # [1, 1, T25]
             tokens = codes[0, 0].cpu().numpy().astype(np.int64)
         ges = []
-        for wav in refs32k:
+        for wav, sv in zip(refs32k, svs):
             spec = reference_spec_input(np.asarray(wav, np.float32))  # [1, 1025, frames]
-            ges.append(self.sovits.ref_style(spec.to(self.device)))
+            ges.append(self.sovits.ref_style(spec.to(self.device), sv))
         ge = mean_style(ges)  # [1, gin, 1]
         return tokens, ge[0].float().cpu().numpy()
 
@@ -179,6 +218,10 @@ class TorchEngine:
     def decode(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,
                noise_scale: float = 0.5, seed: int | None = None) -> np.ndarray:
         self._check_thread()
+        cfg = self.sovits.cfg  # a v2 voice's style must never reach a v2Pro model, nor the reverse
+        check_voice(voice, cfg.version, cfg.sv_dim, cfg.gin_channels)
+        if np.asarray(tokens).size == 0 or np.asarray(phones).size == 0:  # as the graph engines say it
+            raise EngineError("SoVITS decode needs at least one semantic token and one phone")
         dev = self.device
         codes = torch.as_tensor(np.asarray(tokens, np.int64), device=dev).view(1, 1, -1)
         text = torch.as_tensor(np.asarray(phones, np.int64), device=dev).view(1, -1)

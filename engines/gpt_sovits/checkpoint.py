@@ -1,10 +1,12 @@
 """Safe loading of GPT-SoVITS checkpoints in upstream's on-disk formats.
 
-Two kinds of file exist (see the upstream reference, section 8):
+Three kinds of file exist (see the upstream reference, section 8):
 
 * the GPT (``.ckpt``): a torch zip of ``{"weight": {"model.<name>": fp16}, "config": <yaml dict>, "info": str}``;
 * the SoVITS (``.pth``): a torch zip of ``{"weight": {name: fp16}, "config": utils.HParams, "info": str}``, where
-  v2Pro/v2ProPlus and v3/v4 LoRA files have the zip's ``PK`` magic overwritten by a 2-byte version tag.
+  v2Pro/v2ProPlus (``05``/``06``) and v3/v4 LoRA files have the zip's ``PK`` magic overwritten by a 2-byte version tag;
+* the speaker-verification model of v2Pro/v2ProPlus (``sv/pretrained_eres2netv2w24s4ep4.ckpt``): a plain torch
+  ``state_dict`` (name -> tensor) of an ERes2NetV2.
 
 Nothing in a file is ever executed: the pickle is read by torch's ``weights_only`` unpickler, which admits tensors,
 storages and plain containers, plus upstream's attribute bag ``utils.HParams`` mapped to :class:`HParams` here.
@@ -22,7 +24,7 @@ import pickle
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -35,6 +37,7 @@ __all__ = [
     "SovitsCheckpoint",
     "load_gpt_checkpoint",
     "load_sovits_checkpoint",
+    "load_sv_checkpoint",
     "file_fingerprint",
     "HParams",
 ]
@@ -48,9 +51,13 @@ VERSION_MAGICS: dict[bytes, tuple[str, bool]] = {
     b"02": ("v3", False),
     b"03": ("v3 LoRA", False),
     b"04": ("v4 LoRA", False),
-    b"05": ("v2Pro", False),
-    b"06": ("v2ProPlus", False),
+    b"05": ("v2Pro", True),
+    b"06": ("v2ProPlus", True),
 }
+V2PRO_VERSIONS = ("v2Pro", "v2ProPlus")  # SoVITS families that also condition on the speaker-verification features
+# The extra SoVITS weights of v2Pro/v2ProPlus (upstream ``is_v2pro``): sv_emb Linear, PReLU, ge_to512 Linear.
+V2PRO_KEYS = ("sv_emb.weight", "sv_emb.bias", "prelu.weight", "ge_to512.weight", "ge_to512.bias")
+V2PRO_PLUS_FIRST_KERNEL = 20  # v2ProPlus's first HiFi-GAN upsampling kernel (v2/v2Pro: 16)
 V2_SYMBOLS = 732  # phone table size of v2 (text/symbols2.py)
 V1_SYMBOLS = 322  # phone table size of v1 (SoVITS text embedding rows)
 V1_GPT_PHONEMES = 512  # phoneme_vocab_size of v1 GPT files
@@ -105,7 +112,8 @@ class SovitsCheckpoint:
     config:
         the hyper-parameters (``data``, ``model``, ``train``...) as nested plain dicts.
     version:
-        the model family, ``"v2"`` (the only one accepted so far).
+        the model family: ``"v2"``, ``"v2Pro"`` or ``"v2ProPlus"`` (from the file's 2-byte tag, else from its
+        weights and config).
     info:
         the file's info string, e.g. ``"8epoch_1200iteration"``.
     """
@@ -173,10 +181,13 @@ def load_gpt_checkpoint(path: str | os.PathLike[str]) -> GptCheckpoint:
 
 
 def load_sovits_checkpoint(path: str | os.PathLike[str]) -> SovitsCheckpoint:
-    """Load a GPT-SoVITS v2 SoVITS ``.pth`` without running any code from it.
+    """Load a GPT-SoVITS v2, v2Pro or v2ProPlus SoVITS ``.pth`` without running any code from it.
 
-    The pickled ``utils.HParams`` config of fine-tuned files is accepted and returned as nested dicts. Version-tagged
-    files (v2Pro, v2ProPlus, v3/v4 LoRA), full v3/v4 models and v1 models are recognised and refused.
+    The pickled ``utils.HParams`` config of fine-tuned files is accepted and returned as nested dicts. The family
+    comes from the file's 2-byte tag (``01`` v2, ``05`` v2Pro, ``06`` v2ProPlus; restored to ``PK`` in memory only);
+    an untagged file with the v2Pro weights (``sv_emb``, ``prelu``, ``ge_to512``) is v2Pro or v2ProPlus by its
+    config's ``version`` or, failing that, by its first upsampling kernel. v3/v4 (LoRA or full) and v1 models are
+    recognised and refused.
 
     Parameters
     ----------
@@ -186,9 +197,11 @@ def load_sovits_checkpoint(path: str | os.PathLike[str]) -> SovitsCheckpoint:
     Raises
     ------
     ModelFormatError
-        unreadable, unsafe (contains code), or not a v2 SoVITS file; the message names the file and the fix.
+        unreadable, unsafe (contains code), not a v2/v2Pro/v2ProPlus SoVITS file, or tagged as one family while
+        its weights are of another; the message names the file and the fix.
     """
     path = Path(path)
+    tag = _version_tag(path)
     obj = _load_torch_file(path, kind="SoVITS")
     if not isinstance(obj, dict):
         raise ModelFormatError(f"{path}: not a GPT-SoVITS SoVITS checkpoint (top level is {type(obj).__name__}).")
@@ -204,8 +217,6 @@ def load_sovits_checkpoint(path: str | os.PathLike[str]) -> SovitsCheckpoint:
         raise ModelFormatError(f"{path}: v3/v4 LoRA files are not supported yet; use a v2 model.")
     if any(k.startswith("cfm.") for k in state_dict):
         raise ModelFormatError(f"{path}: v3/v4 SoVITS models are not supported yet; use a v2 model.")
-    if any(k.startswith("sv_emb.") or k.startswith("ge_to512.") for k in state_dict):
-        raise ModelFormatError(f"{path}: v2Pro files are not supported yet; use a v2 model.")
     emb = state_dict.get("enc_p.text_embedding.weight")
     if emb is None:
         raise ModelFormatError(
@@ -227,9 +238,107 @@ def load_sovits_checkpoint(path: str | os.PathLike[str]) -> SovitsCheckpoint:
             f"{path}: SoVITS checkpoint has no 'model' section in its config; "
             f"re-export it with GPT-SoVITS."
         )
+    version = _sovits_version(path, tag, state_dict, config)
     info = str(obj.get("info", ""))
-    log.debug("loaded SoVITS checkpoint %s (%d tensors, info %r)", path, len(state_dict), info)
-    return SovitsCheckpoint(state_dict=state_dict, config=config, version="v2", info=info)
+    log.debug("loaded %s SoVITS checkpoint %s (%d tensors, info %r)", version, path, len(state_dict), info)
+    return SovitsCheckpoint(state_dict=state_dict, config=config, version=version, info=info)
+
+
+@dataclass(frozen=True)
+class SvCheckpoint:
+    """The speaker-verification model of v2Pro/v2ProPlus (an ERes2NetV2 ``state_dict``).
+
+    Attributes
+    ----------
+    state_dict:
+        parameter/buffer name -> tensor, dtype as stored (fp16 floats in the released file is likely; BatchNorm
+        ``num_batches_tracked`` int64).
+    m_channels:
+        the stem width, ``conv1.weight.shape[0]`` (64 in the released model); every other size follows from it.
+    """
+
+    state_dict: dict[str, torch.Tensor]
+    m_channels: int
+
+
+def load_sv_checkpoint(path: str | os.PathLike[str]) -> SvCheckpoint:
+    """Load the ERes2NetV2 speaker-verification weights (upstream ``sv/pretrained_eres2netv2w24s4ep4.ckpt``).
+
+    The file is a plain ``state_dict``; it is read with torch's weights-only unpickler (upstream uses
+    ``weights_only=False``; nothing here runs code from the file). Only names and shapes are checked here; the model
+    builder (:mod:`engines.gpt_sovits.sv`) checks the full key/shape set against the architecture.
+
+    Raises
+    ------
+    ModelFormatError
+        unreadable, unsafe, or not an ERes2NetV2 state dict; the message names the file and the fix.
+    """
+    path = Path(path)
+    obj: Any = _load_torch_file(path, kind="speaker-verification (SV)")
+    if isinstance(obj, dict) and isinstance(obj.get("weight"), dict):  # a GPT or SoVITS file body
+        raise ModelFormatError(f"{path}: this is a GPT-SoVITS model, not the speaker-verification model; "
+                               "point models.sv at sv/pretrained_eres2netv2w24s4ep4.ckpt.")
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        obj = obj["state_dict"]  # a training checkpoint wrapping the weights
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ModelFormatError(
+            f"{path}: not a speaker-verification model (expected a state dict of tensors, found "
+            f"{type(obj).__name__}); download sv/pretrained_eres2netv2w24s4ep4.ckpt again."
+        )
+    state_dict: dict[str, torch.Tensor] = {str(k): v for k, v in cast("dict[Any, torch.Tensor]", obj).items()}
+    conv1 = state_dict.get("conv1.weight")
+    if conv1 is None or conv1.dim() != 4 or "fuse34.local_att.0.weight" not in state_dict:
+        raise ModelFormatError(
+            f"{path}: not an ERes2NetV2 speaker-verification model (no conv1/fuse34 weights); "
+            "download sv/pretrained_eres2netv2w24s4ep4.ckpt again."
+        )
+    log.debug("loaded SV checkpoint %s (%d tensors, m_channels %d)", path, len(state_dict), conv1.shape[0])
+    return SvCheckpoint(state_dict=state_dict, m_channels=int(conv1.shape[0]))
+
+
+def _version_tag(path: Path) -> str | None:
+    """The family named by a SoVITS file's 2-byte tag, or None for an untagged (``PK``) or unreadable file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return None  # _load_torch_file reports it
+    entry = VERSION_MAGICS.get(head)
+    return entry[0] if entry is not None else None
+
+
+def _sovits_version(path: Path, tag: str | None, state_dict: dict[str, torch.Tensor], config: dict[str, Any]) -> str:
+    """The SoVITS family from the tag, checked against the weights (a mis-tagged file is refused, never guessed)."""
+    present = [k for k in V2PRO_KEYS if k in state_dict]
+    if tag in V2PRO_VERSIONS:
+        if len(present) < len(V2PRO_KEYS):
+            missing = [k for k in V2PRO_KEYS if k not in state_dict]
+            raise ModelFormatError(
+                f"{path}: tagged as a {tag} file but it lacks the {tag} weights {', '.join(missing)}; "
+                "the file is damaged or mis-tagged, download or export it again."
+            )
+        return tag
+    if not present:
+        return "v2"
+    if len(present) < len(V2PRO_KEYS):
+        missing = [k for k in V2PRO_KEYS if k not in state_dict]
+        raise ModelFormatError(
+            f"{path}: has some v2Pro weights ({', '.join(present)}) but lacks {', '.join(missing)}; "
+            "the file is incomplete, download or export it again."
+        )
+    if tag == "v2":
+        raise ModelFormatError(
+            f"{path}: tagged as a v2 file but it holds v2Pro weights (sv_emb, prelu, ge_to512); "
+            "the file is mis-tagged, export it again with GPT-SoVITS."
+        )
+    stated = str(config.get("model", {}).get("version", ""))
+    if stated in V2PRO_VERSIONS:
+        return stated
+    # An untagged file (e.g. a pretrained s2Gv2Pro*.pth) whose config does not say: v2ProPlus is the one with the
+    # wider first upsampling kernel; the model itself is built from the config and shapes either way.
+    up0 = state_dict.get("dec.ups.0.weight_v", state_dict.get("dec.ups.0.weight"))
+    plus = up0 is not None and up0.dim() == 3 and up0.shape[-1] == V2PRO_PLUS_FIRST_KERNEL
+    return "v2ProPlus" if plus else "v2Pro"
 
 
 _fingerprints: dict[tuple[str, int, int], str] = {}

@@ -1,12 +1,19 @@
-"""The SoVITS v2 decoder (upstream ``SynthesizerTrn``, inference parts only): tokens + phones + style -> 32 kHz audio.
+"""The SoVITS v2/v2Pro/v2ProPlus decoder (upstream ``SynthesizerTrn``, inference parts only): tokens + phones +
+style -> 32 kHz audio.
 
-Built from a checkpoint's config *and* its weight shapes (the MRTE width and the symbol count are not in the
-config). Weight norm is folded into plain weights at load time; ``enc_q`` (training only) is never built.
+Built from a checkpoint's config *and* its weight shapes (the MRTE width, the symbol count and the SV feature width
+are not in the config). Weight norm is folded into plain weights at load time; ``enc_q`` (training only) is never
+built.
 
 The pipeline of :meth:`SoVITSDecoder.decode` (upstream reference, section 6.1)::
 
-    codes [1,1,Ts] -> codebook lookup [1,768,Ts] -> 2x nearest (50 Hz) -> enc_p (+ phones, ge) -> m_p, logs_p
+    codes [1,1,Ts] -> codebook lookup [1,768,Ts] -> 2x nearest (50 Hz) -> enc_p (+ phones, MRTE style) -> m_p, logs_p
     -> z_p = m_p + eps * exp(logs_p) * noise_scale -> reverse flow (ge) -> HiFi-GAN (ge) -> wav [1,1,2*Ts*640]
+
+v2Pro and v2ProPlus (the same class upstream, ``is_v2pro``) add three modules. Per reference i the style is
+``ge_i = PReLU(ref_enc(spec_i) + sv_emb(sv_i))`` with ``sv_i`` the speaker-verification features
+(:mod:`engines.gpt_sovits.sv`); ``ge`` is the mean over the references and goes to the flow and the vocoder, while
+the MRTE gets ``ge_to512(ge)`` (v2 feeds ``ge`` to both). v2ProPlus differs from v2Pro only in sizes from its config.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engines.base import ModelFormatError
-from engines.gpt_sovits.checkpoint import SovitsCheckpoint
+from engines.gpt_sovits.checkpoint import V2PRO_VERSIONS, SovitsCheckpoint
 from engines.gpt_sovits.sovits_modules import (
     Generator,
     MelStyleEncoder,
@@ -47,7 +54,7 @@ _IGNORED_KEYS = (
 
 @dataclass(frozen=True)
 class SovitsConfig:
-    """The dimensions a SoVITS v2 decoder is built from (the checkpoint's ``config["model"]`` plus weight shapes)."""
+    """The dimensions a SoVITS decoder is built from (the checkpoint's ``config["model"]`` plus weight shapes)."""
 
     inter_channels: int
     hidden_channels: int
@@ -65,6 +72,13 @@ class SovitsConfig:
     mrte_hidden: int  # width of the MRTE (upstream hard-codes 512 = gin of released models)
     style_bins: int = STYLE_BINS_V2  # spectrogram bins read by ref_enc
     sampling_rate: int = 32000  # Hz
+    sv_dim: int = 0  # v2Pro/v2ProPlus: width of the SV features sv_emb reads (20480 released); 0: plain v2
+    version: str = "v2"  # "v2", "v2Pro" or "v2ProPlus"
+
+    @property
+    def is_v2pro(self) -> bool:
+        """True for v2Pro/v2ProPlus: the style fuses speaker-verification features and the MRTE gets ``ge_to512``."""
+        return self.sv_dim > 0
 
     @property
     def hop(self) -> int:
@@ -75,8 +89,13 @@ class SovitsConfig:
         return n
 
     @classmethod
-    def from_checkpoint(cls, config: dict[str, Any], state_dict: dict[str, Tensor]) -> SovitsConfig:
-        """Read the dims from ``config["model"]`` and the weight shapes; raises ModelFormatError if unsupported."""
+    def from_checkpoint(cls, config: dict[str, Any], state_dict: dict[str, Tensor],
+                        version: str = "v2") -> SovitsConfig:
+        """Read the dims from ``config["model"]`` and the weight shapes; raises ModelFormatError if unsupported.
+
+        ``version`` is the family the loader found (:attr:`SovitsCheckpoint.version`); for v2Pro/v2ProPlus the SV
+        width is ``sv_emb.weight.shape[1]`` and the MRTE width must equal ``ge_to512``'s output.
+        """
         m = config.get("model")
         if not isinstance(m, dict):
             raise ModelFormatError("SoVITS config has no 'model' section; re-export the model with GPT-SoVITS.")
@@ -90,6 +109,9 @@ class SovitsConfig:
             emb = state_dict["enc_p.text_embedding.weight"]
             c_pre = state_dict["enc_p.mrte.c_pre.weight"]
             style = state_dict["ref_enc.spectral.0.fc.weight"]
+            v2pro = version in V2PRO_VERSIONS
+            sv_dim = int(state_dict["sv_emb.weight"].shape[1]) if v2pro else 0
+            to512 = int(state_dict["ge_to512.weight"].shape[0]) if v2pro else 0
             cfg = cls(
                 inter_channels=int(m["inter_channels"]),
                 hidden_channels=int(m["hidden_channels"]),
@@ -107,10 +129,21 @@ class SovitsConfig:
                 mrte_hidden=int(c_pre.shape[0]),
                 style_bins=int(style.shape[1]),
                 sampling_rate=int(config.get("data", {}).get("sampling_rate", 32000)),
+                sv_dim=sv_dim,
+                version=version,
             )
         except KeyError as e:
-            raise ModelFormatError(f"SoVITS checkpoint lacks {e.args[0]!r}; the file is incomplete or not a v2 model.") from None
-        if cfg.mrte_hidden != cfg.gin_channels:
+            raise ModelFormatError(f"SoVITS checkpoint lacks {e.args[0]!r}; the file is incomplete or not a "
+                                   f"{version} model.") from None
+        if cfg.is_v2pro:
+            if cfg.mrte_hidden != to512:
+                raise ModelFormatError(
+                    f"{version} SoVITS MRTE width {cfg.mrte_hidden} differs from ge_to512's output {to512}; "
+                    "the file is damaged or not an upstream model."
+                )
+        elif version != "v2":
+            raise ModelFormatError(f"SoVITS family {version!r} is not supported; use a v2, v2Pro or v2ProPlus model.")
+        elif cfg.mrte_hidden != cfg.gin_channels:
             raise ModelFormatError(
                 f"SoVITS MRTE width {cfg.mrte_hidden} differs from gin_channels {cfg.gin_channels}; "
                 "only plain v2 models are supported (not v2Pro)."
@@ -126,7 +159,7 @@ def mean_style(ges: Sequence[Tensor]) -> Tensor:
 
 
 class SoVITSDecoder(nn.Module):
-    """SoVITS v2 inference model. Tensors in, tensors out; call under ``torch.inference_mode()``.
+    """SoVITS v2/v2Pro/v2ProPlus inference model. Tensors in, tensors out; call under ``torch.inference_mode()``.
 
     Parameters
     ----------
@@ -135,8 +168,9 @@ class SoVITSDecoder(nn.Module):
 
     Notes
     -----
-    Attribute names mirror upstream's state dict (``ssl_proj``, ``ref_enc``, ``enc_p``, ``flow``, ``dec``); the VQ
-    codebook ``quantizer.vq.layers.0._codebook.embed`` is held as the buffer ``codebook``.
+    Attribute names mirror upstream's state dict (``ssl_proj``, ``ref_enc``, ``enc_p``, ``flow``, ``dec``, and for
+    v2Pro ``sv_emb``, ``prelu``, ``ge_to512``); the VQ codebook ``quantizer.vq.layers.0._codebook.embed`` is held as
+    the buffer ``codebook``.
     """
 
     def __init__(self, cfg: SovitsConfig) -> None:
@@ -166,6 +200,10 @@ class SoVITSDecoder(nn.Module):
             list(cfg.upsample_kernel_sizes),
             cfg.gin_channels,
         )
+        if cfg.is_v2pro:
+            self.sv_emb = nn.Linear(cfg.sv_dim, cfg.gin_channels)  # SV features -> style offset
+            self.prelu = nn.PReLU(num_parameters=cfg.gin_channels)
+            self.ge_to512 = nn.Linear(cfg.gin_channels, cfg.mrte_hidden)  # style for the MRTE
 
     codebook: Tensor
 
@@ -188,15 +226,17 @@ class SoVITSDecoder(nn.Module):
         ModelFormatError
             unsupported dims, or missing/unexpected/mis-shaped weights (names listed).
         """
-        cfg = SovitsConfig.from_checkpoint(ckpt.config, ckpt.state_dict)
+        cfg = SovitsConfig.from_checkpoint(ckpt.config, ckpt.state_dict, ckpt.version)
         model = cls(cfg)
         model.load_weights(ckpt.state_dict)
         model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         log.info(
-            "SoVITS v2 decoder: hidden %d, gin %d, %d symbols, %.1f M params, %s %s",
+            "SoVITS %s decoder: hidden %d, gin %d, %d symbols, sv_dim %d, %.1f M params, %s %s",
+            cfg.version,
             cfg.hidden_channels,
             cfg.gin_channels,
             cfg.n_symbols,
+            cfg.sv_dim,
             sum(p.numel() for p in model.parameters()) / 1e6,
             device,
             dtype,
@@ -222,8 +262,9 @@ class SoVITSDecoder(nn.Module):
         unexpected = sorted(set(sd) - set(expected))
         if missing or unexpected:
             raise ModelFormatError(
-                "SoVITS weights do not match a v2 model built from its config: "
-                f"missing {_some(missing)}, unexpected {_some(unexpected)}; the file is not a plain v2 SoVITS model."
+                f"SoVITS weights do not match a {self.cfg.version} model built from its config: "
+                f"missing {_some(missing)}, unexpected {_some(unexpected)}; the file is not a plain "
+                f"{self.cfg.version} SoVITS model."
             )
         wrong = [f"{k} {tuple(v.shape)} != {tuple(expected[k].shape)}" for k, v in sd.items() if v.shape != expected[k].shape]
         if wrong:
@@ -256,9 +297,34 @@ class SoVITSDecoder(nn.Module):
         """Codebook lookup: ``codes [1, B, Ts]`` -> ``[B, 768, Ts]`` (upstream ``quantizer.decode``)."""
         return F.embedding(codes[0], self.codebook).transpose(1, 2)
 
-    def ref_style(self, spec: Tensor) -> Tensor:
-        """Reference linear spectrogram ``[B, 1025, Tr]`` -> style vector ``ge [B, gin, 1]`` (first 704 bins in v2)."""
-        return self.ref_enc(spec[:, : self.cfg.style_bins].to(self.codebook.dtype))
+    def ref_style(self, spec: Tensor, sv: Tensor | None = None) -> Tensor:
+        """Reference linear spectrogram ``[B, 1025, Tr]`` -> style vector ``ge [B, gin, 1]`` (first 704 bins).
+
+        Parameters
+        ----------
+        spec:
+            the reference's :func:`engines.gpt_sovits.spectrogram.linear_spectrogram`.
+        sv:
+            v2Pro/v2ProPlus only, required there: the same reference's SV features ``[B, sv_dim]``
+            (:class:`engines.gpt_sovits.sv.SpeakerEncoder`); the result is then ``PReLU(ref_enc + sv_emb(sv))``.
+        """
+        ge = self.ref_enc(spec[:, : self.cfg.style_bins].to(self.codebook.dtype))
+        if not self.cfg.is_v2pro:
+            if sv is not None:
+                raise ValueError("this is a plain v2 SoVITS: it takes no speaker-verification features")
+            return ge
+        if sv is None:
+            raise ValueError(f"a {self.cfg.version} SoVITS needs the reference's speaker-verification features")
+        if sv.shape[-1] != self.cfg.sv_dim:
+            raise ValueError(f"speaker-verification features have width {sv.shape[-1]}, this {self.cfg.version} "
+                             f"SoVITS reads {self.cfg.sv_dim}; use the SV model that belongs to it")
+        return self.prelu(ge + self.sv_emb(sv.to(ge.dtype)).unsqueeze(-1))
+
+    def text_style(self, ge: Tensor) -> Tensor:
+        """The style the MRTE gets: ``ge`` itself in v2, ``ge_to512(ge)`` ``[B, mrte_hidden, 1]`` in v2Pro."""
+        if not self.cfg.is_v2pro:
+            return ge
+        return self.ge_to512(ge.transpose(1, 2)).transpose(1, 2)
 
     # --------------------------------------------------------------------------------------------- decoding
     def encode_prior(
@@ -267,10 +333,11 @@ class SoVITSDecoder(nn.Module):
         """``enc_p``: codes ``[1, 1, Ts]`` + phones ``[1, Tt]`` + ``ge [1, gin, 1]`` -> ``(x, m_p, logs_p)``.
 
         All three are ``[1, C, T']`` with ``T' = 2 Ts`` at speed 1, else ``int(2 Ts / speed) + 1`` frames (50 Hz).
+        ``ge`` is the flow/vocoder style; the MRTE gets :meth:`text_style` of it.
         """
         y = self.dequantize(codes)
         y = F.interpolate(y, size=2 * y.shape[-1], mode="nearest")  # 25 Hz -> 50 Hz
-        return self.enc_p(y, text, ge.to(y.dtype), speed)
+        return self.enc_p(y, text, self.text_style(ge.to(y.dtype)), speed)
 
     def flow_reverse(self, z_p: Tensor, ge: Tensor) -> Tensor:
         """Reverse flow: prior sample ``z_p [1, C, T]`` -> latent ``z [1, C, T]``."""
@@ -299,7 +366,8 @@ class SoVITSDecoder(nn.Module):
         text:
             ``[1, Tt]`` int64 phone ids of the target text (without the prompt's phones).
         ge:
-            ``[1, gin, 1]`` style vector (:meth:`ref_style`; several references: :func:`mean_style`).
+            ``[1, gin, 1]`` style vector (:meth:`ref_style`, with the SV features for v2Pro; several references:
+            :func:`mean_style`).
         speed:
             speaking rate; 1 keeps ``Ts * 1280`` samples.
         noise_scale:
