@@ -20,7 +20,7 @@ import time
 import discord
 import numpy as np
 
-from synthesis.audio import StreamResampler
+from synthesis import StreamResampler
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,14 @@ Every engine is measured in the same run, at the real v2 sizes (seeded random we
 not depend on the values) and at the tiny test sizes, next to a naive baseline: the eager PyTorch loop that grows
 its KV cache with ``torch.cat`` and syncs every token, as upstream does. The random GPT's EOS row is zeroed so that
 decoding runs for exactly the requested number of steps (``early_stop_num``).
+
+The figures say where they came from: the CPU model and its ISA flags, the runtimes' versions and the kernels they
+dispatched to, and the memory read bandwidth measured here, from which each GPT row gets its ratio to the floor of
+reading the decoder's weights once per step. ``--contend N`` runs N busy-looping processes beside the measurements
+(a shared VPS, or the bot's own event loop and Opus encoder on the same cores); ``--contend 0,1`` measures both in
+one run. The row of what ``engine.backend: auto`` / ``engine.precision: auto`` pick here carries ``default``; each
+lower precision is also compared with its backend's fp32 along one teacher-forced path (argmax agreement, top-15
+overlap, logit cosine).
 """
 
 from __future__ import annotations
@@ -30,6 +38,12 @@ TEXT_SENTENCES = 4  # whole-text RTF: this many such sentences
 PROMPT_TOKENS = 150  # a 5.4 s reference (HuBERT 25 Hz + the 0.6 s pad)
 PROMPT_PHONES = 40
 TTFA_REPEATS = 3
+VOCODER_TOKENS = 150  # vocoder RTF: 6 s of audio (25 tokens per second)
+BANDWIDTH_MB = 512  # size of the array read to measure memory bandwidth (far beyond any L3)
+CONTEND_LIMIT_S = 3600  # a competitor process ends by itself after this, whatever happens to the bench
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OMP_WAIT_POLICY",
+           "OMP_NUM_THREADS")  # knobs that change which kernels run: reported when set
 
 
 @dataclass
@@ -43,6 +57,139 @@ class Row:
     ttfa_s: float | None
     rtf: float | None
     peak_mem_mb: float | None
+    vocoder_rtf: float | None = None  # SoVITS decode of 6 s of audio, seconds per second of audio
+    floor_ms: float | None = None  # reading the decoder's weights once at the measured bandwidth (batch-1 floor)
+    x_floor: float | None = None  # measured ms per step / floor_ms (1.0 = at the memory floor)
+    contend: int = 0  # busy-looping processes running beside the measurement
+    default: bool = False  # what engine.backend / engine.precision ``auto`` pick on this machine
+
+
+@dataclass
+class AccuracyRow:
+    """A lower precision against its backend's fp32, teacher-forced along fp32's greedy path (real size)."""
+
+    engine: str
+    precision: str
+    size: str
+    steps: int
+    argmax_agree: float  # share of steps whose argmax is fp32's
+    top15_overlap: float  # mean share of fp32's top 15 tokens also in this precision's top 15
+    cosine_mean: float  # logit cosine against fp32, mean and worst step
+    cosine_min: float
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    """What the figures depend on: CPU model and ISA flags, runtime versions, the kernels they dispatch to, the
+    ISA-limiting environment knobs that are set, and the measured memory read bandwidth (GB/s, ``threads``)."""
+    import os
+    import platform
+
+    import torch
+
+    flags: set[str] = set()
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and ":" in line:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "cpu": model, "cores": len(os.sched_getaffinity(0)),
+        "isa": {f: f in flags for f in ISA_FLAGS},
+        "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_quantized_engine": torch.backends.quantized.engine,
+        "env": {k: os.environ[k] for k in ISA_ENV if k in os.environ},
+    }
+    try:
+        import onnxruntime as ort
+
+        info["onnxruntime"] = ort.__version__
+        info["onnxruntime_providers"] = ort.get_available_providers()
+    except ImportError:
+        info["onnxruntime"] = None
+    info["read_gb_s"] = read_bandwidth_gb_s(threads)
+    return info
+
+
+def read_bandwidth_gb_s(threads: int) -> float:
+    """Memory read bandwidth in GB/s: a large fp32 array summed with ``threads`` threads (0: every core), best of 5.
+
+    The batch-1 GPT step reads every weight once, so this over the weights' bytes is the floor of its time."""
+    import torch
+
+    from engines.loader import cpu_threads
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(cpu_threads(threads))
+    try:
+        a = torch.ones(BANDWIDTH_MB * 2**20 // 4)  # written once: the pages exist before the reads are timed
+        best = float("inf")
+        for _ in range(6):
+            t0 = time.perf_counter()
+            float(a.sum())
+            best = min(best, time.perf_counter() - t0)
+        return a.numel() * 4 / best / 1e9
+    finally:
+        torch.set_num_threads(before)
+
+
+def gpt_weight_bytes(cfg: Any, precision: str) -> int:
+    """Bytes a decode step of the GPT ``cfg`` (a :class:`~engines.gpt_sovits.gpt.GptConfig`) reads in weights: the
+    transformer's linears (1 byte each in int8, 2 in fp16/bf16, else 4) and the fp32 output head. Embeddings are
+    gathered (one row per token) and do not count, nor does the KV cache (it grows with the sentence)."""
+    linears = cfg.layers * (cfg.dim * 3 * cfg.dim + cfg.dim * cfg.dim + 2 * cfg.dim * cfg.ffn)
+    per = {"int8": 1, "fp16": 2, "bf16": 2}.get(precision, 4)
+    return linears * per + cfg.dim * cfg.vocab * 4
+
+
+def _busy(until: float) -> None:
+    """A competitor: spin on one core until ``until`` (time.monotonic), or until the bench that started it is gone
+    (a killed bench cannot stop it: its parent then changes)."""
+    import os
+
+    parent = os.getppid()
+    while time.monotonic() < until and os.getppid() == parent:
+        for _ in range(100_000):  # a few ms of pure spinning between the checks
+            pass
+
+
+class Contention:
+    """``n`` busy-looping processes for the ``with`` block: started on entry, stopped on exit (and each ends by
+    itself after :data:`CONTEND_LIMIT_S`, so none outlives a killed bench)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.procs: list[Any] = []
+
+    def __enter__(self) -> Contention:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        until = time.monotonic() + CONTEND_LIMIT_S  # CLOCK_MONOTONIC is system-wide on Linux
+        self.procs = [ctx.Process(target=_busy, args=(until,), daemon=True) for _ in range(self.n)]
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.join(5)
+        self.procs = []
+
+
+def auto_choice(device: str) -> tuple[str, str]:
+    """(backend, precision) that ``engine.backend: auto`` and ``engine.precision: auto`` pick on ``device``."""
+    import importlib.util
+
+    from engines.loader import choose_backend, resolve_precision
+
+    precision = resolve_precision("auto", device)
+    return choose_backend("auto", device, precision, importlib.util.find_spec("tensorrt") is not None), precision
 
 
 def _peak_mem_mb(device: str) -> float:
@@ -58,7 +205,7 @@ def _peak_mem_mb(device: str) -> float:
 
 
 def _requests(batch: int, steps: int, rng: np.random.Generator):  # type: ignore[no-untyped-def]
-    from engines.base import SamplingParams, SemanticRequest, VoicePrompt
+    from engines import SamplingParams, SemanticRequest, VoicePrompt
 
     voice = VoicePrompt(prompt_tokens=rng.integers(0, 1024, PROMPT_TOKENS).astype(np.int64),
                         ge=np.zeros((512, 1), np.float32),
@@ -175,22 +322,92 @@ def _naive_gpt(engine: Any) -> Callable[[Any], np.ndarray]:
     return run
 
 
-def bench_size(size: str, engines: list[str], batches: list[int], steps: int, device: str,
-               threads: int) -> tuple[list[Row], list[PipelineRow]]:
-    """Every requested measurement at one model size. Each engine, precision and batch size runs in a fresh process
-    of its own with the engine sized for that batch (its static KV cache included), so a row's peak memory is that
-    configuration's own and no earlier run's thread pools slow it down."""
-    from engines.gpt_sovits.checkpoint import load_sovits_checkpoint
-    from engines.gpt_sovits.tiny import write_model_set
+def _vocoder_rtf(engine: Any, gin: int) -> float:
+    """Seconds of SoVITS decode per second of audio for 6 s of speech (best of 2 after a warm-up)."""
+    rng = np.random.default_rng(2)
+    (req,) = _requests(1, 1, rng)
+    tokens = rng.integers(0, 1024, VOCODER_TOKENS).astype(np.int64)
+    voice = _voice_with_ge(req.voice, gin)
+    engine.decode(tokens[:25], req.phones, voice, 1.0, 0.5, 0)
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        wav = engine.decode(tokens, req.phones, voice, 1.0, 0.5, 0)
+        best = min(best, time.perf_counter() - t0)
+    return best / (wav.size / 32000)
+
+
+def _forced_logits(gpt: Any, phones: np.ndarray, bert: np.ndarray, prompt: np.ndarray, steps: int,
+                   fed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A GPT (the BatchDecoder surface: setup_caches, prefill, decode_step) run for ``steps`` steps, fed back
+    ``fed`` (teacher-forced) or, when None, its own raw argmax (greedy); returns (logits ``[steps, V]``, fed)."""
+    import torch
+
+    from engines.gpt_sovits.gpt import KV_BUCKET
+
+    s = len(phones) + len(prompt)
+    own = fed is None
+    fed_list = [] if own else [int(t) for t in fed]  # type: ignore[union-attr]
+    with torch.inference_mode():
+        gpt.setup_caches(1, -(-(s + steps + 1) // KV_BUCKET) * KV_BUCKET)
+        out = [gpt.prefill(0, torch.as_tensor(phones), torch.as_tensor(bert), torch.as_tensor(prompt)).float()]
+        for i in range(steps - 1):
+            if own:
+                fed_list.append(int(out[-1].argmax()))
+            kv_len = -(-(s + i + 1) // KV_BUCKET) * KV_BUCKET
+            out.append(gpt.decode_step(torch.tensor([fed_list[i]]), torch.tensor([s + i]), None, kv_len)[0].float())
+        return torch.stack(out).numpy(), np.asarray(fed_list, np.int64)
+
+
+def _accuracy_in_process(backend: str, precisions: list[str], models: dict[str, str], tmp: str, size: str,
+                         steps: int, threads: int) -> list[AccuracyRow]:
+    """Each lower precision of ``backend`` against its fp32, teacher-forced along fp32's argmax path."""
+    from engines.gpt_sovits.generate import request_inputs
+    from engines.loader import set_cpu_threads
+
+    set_cpu_threads(threads)
+    (req,) = _requests(1, steps, np.random.default_rng(0))
+    phones, bert, prompt = request_inputs(req)
+
+    def gpt(precision: str) -> Any:
+        eng = _build(backend, precision, models, tmp, "cpu", 1, threads)
+        return eng.new_gpt() if backend == "onnx" else eng.gpt
+
+    ref, fed = _forced_logits(gpt("fp32"), phones, bert, prompt, steps)
+    rows = []
+    for precision in precisions:
+        low, _ = _forced_logits(gpt(precision), phones, bert, prompt, steps, fed)
+        top_ref, top_low = np.argsort(-ref, 1)[:, :15], np.argsort(-low, 1)[:, :15]
+        overlap = np.mean([len(set(a) & set(b)) / 15 for a, b in zip(top_ref, top_low)])
+        cos = (ref * low).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(low, axis=1)
+        rows.append(AccuracyRow(backend, precision, size, steps, float(np.mean(ref.argmax(1) == low.argmax(1))),
+                                float(overlap), float(cos.mean()), float(cos.min())))
+    return rows
+
+
+def bench_size(size: str, engines: list[str], batches: list[int], steps: int, device: str, threads: int,
+               contend: int = 0, bandwidth_gb_s: float | None = None,
+               ) -> tuple[list[Row], list[PipelineRow], list[AccuracyRow]]:
+    """Every requested measurement at one model size, with ``contend`` busy processes beside it; GPT rows get their
+    ratio to the weights-read floor at ``bandwidth_gb_s`` (CPU; measured here when None). Each engine,
+    precision and batch size runs in a fresh process of its own with the engine sized for that batch (its static KV
+    cache included), so a row's peak memory is that configuration's own and no earlier run's thread pools slow it
+    down."""
+    from engines import write_model_set
+    from engines.gpt_sovits.checkpoint import load_gpt_checkpoint, load_sovits_checkpoint
+    from engines.gpt_sovits.gpt import GptConfig
 
     rows: list[Row] = []
     pipeline_rows: list[PipelineRow] = []
+    accuracy: list[AccuracyRow] = []
+    auto = auto_choice(device)
     with tempfile.TemporaryDirectory(prefix=f"voicebot-bench-{size}-") as tmp:
         paths = write_model_set(Path(tmp), size=size, seed=0)
         no_eos = paths["gpt"].with_name("bench-no-eos.ckpt")  # decode-speed runs; the pipeline keeps EOS
         shutil.copyfile(paths["gpt"], no_eos)
         _zero_eos_in_file(no_eos)
         gin = int(load_sovits_checkpoint(paths["sovits"]).config["model"]["gin_channels"])
+        gpt_cfg = GptConfig.from_dict(load_gpt_checkpoint(paths["gpt"]).config)
         models = {k: str(v) for k, v in paths.items()}
         decode_models = {**models, "gpt": str(no_eos)}
         jobs: list[tuple[str, str]] = []
@@ -202,56 +419,100 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
             jobs.append(("torch", "int8"))
         if "onnx" in engines:
             jobs += [("onnx", "fp32"), ("onnx", "int8")]
-        for engine, precision in jobs:
-            for batch in [1] if engine == "naive" else batches:
-                rows.extend(_isolated(_bench_engine, engine, precision, decode_models, tmp, size, batch,
-                                      batch == min(batches), steps, device, threads, gin))
-        if "pipeline" in engines:
-            for precision in ["fp32" if device == "cpu" else "fp16"] + (
-                    ["int8"] if "int8" in engines and device == "cpu" else []):
-                pipeline_rows.extend(_isolated(_pipeline_in_process, models, tmp, size, device, threads, precision))
-    return rows, pipeline_rows
+        if device == "cpu" and "onnx" in engines:  # exported once, outside the timed processes
+            _isolated(_export_once, decode_models, tmp)
+        with Contention(contend):
+            for engine, precision in jobs:
+                for batch in [1] if engine == "naive" else batches:
+                    rows.extend(_isolated(_bench_engine, engine, precision, decode_models, tmp, size, batch,
+                                          batch == min(batches), steps, device, threads, gin))
+            if "pipeline" in engines:
+                backend = auto[0] if auto[0] in ("torch", "onnx") else "torch"
+                for precision in ["fp32" if device == "cpu" else "fp16"] + (
+                        ["int8"] if "int8" in engines and device == "cpu" else []):
+                    pipeline_rows.extend(_isolated(_pipeline_in_process, backend, models, tmp, size, device, threads,
+                                                   precision))
+        if "accuracy" in engines and device == "cpu" and contend == 0:
+            for backend in [b for b in ("torch", "onnx") if (b == "onnx" and "onnx" in engines)
+                            or (b == "torch" and "int8" in engines)]:
+                accuracy.extend(_isolated(_accuracy_in_process, backend, ["int8"], decode_models, tmp, size,
+                                          steps, threads))
+    bandwidth = bandwidth_gb_s or (read_bandwidth_gb_s(threads) if device == "cpu" else None)
+    for r in rows:
+        r.contend = contend
+        r.default = (r.engine, r.precision) == auto
+        if bandwidth and r.tokens_per_s:
+            r.floor_ms = gpt_weight_bytes(gpt_cfg, r.precision) / (bandwidth * 1e9) * 1000
+            r.x_floor = 1000 * r.batch / r.tokens_per_s / r.floor_ms
+    for p in pipeline_rows:
+        p.contend = contend
+        p.default = (p.backend, p.precision) == auto
+    return rows, pipeline_rows, accuracy
 
 
 def _isolated(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn(*args)`` in a fresh spawned process and return its result."""
+    """Run ``fn(*args)`` in a fresh spawned process and return its result.
+
+    A process pool that raises when its worker dies (killed for memory, a crash): ``multiprocessing.Pool`` would
+    quietly start another worker and wait for the lost result for ever (seen once at the real size on a loaded
+    machine)."""
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(fn, args)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
 
 
-def _bench_engine(engine: str, precision: str, models: dict[str, str], tmp: str, size: str, batch: int,
-                  latency: bool, steps: int, device: str, threads: int, gin: int) -> list[Row]:
-    """One engine at one precision and batch size: decode tokens/s, and (``latency``) ttfa and RTF, in a process of
-    its own."""
-    from engines.loader import set_cpu_threads
-    from engines.torch_engine import TorchEngine
+def _export_once(models: dict[str, str], tmp: str) -> None:
+    """Export the ONNX graphs and the int8 step graph (the engines' first start does this once per model)."""
+    from engines.export import ensure_onnx, quantize_step_int8
 
-    if device == "cpu":
-        set_cpu_threads(threads)
+    quantize_step_int8(ensure_onnx(argparse.Namespace(**{k: Path(v) for k, v in models.items()}),
+                                   Path(tmp) / "onnx"))
+
+
+def _build(engine: str, precision: str, models: dict[str, str], tmp: str, device: str, batch: int,
+           threads: int) -> Any:
+    """The engine a row measures (``naive`` runs the torch engine's GPT through the naive loop)."""
     paths = argparse.Namespace(**{k: Path(v) for k, v in models.items()})
     if engine == "onnx":
         from engines.onnx_engine import OnnxEngine
 
-        eng: Any = OnnxEngine.from_files(paths, Path(tmp) / "onnx", device=device, precision=precision,
-                                         threads=threads, max_batch=batch)
-    else:
-        eng = TorchEngine.from_files(paths, device=device, precision=precision, max_batch=batch,
-                                     cuda_graphs=engine == "torch")
+        return OnnxEngine.from_files(paths, Path(tmp) / "onnx", device=device, precision=precision,
+                                     threads=threads, max_batch=batch)
+    from engines.torch_engine import TorchEngine
+
+    return TorchEngine.from_files(paths, device=device, precision=precision, max_batch=batch,
+                                  cuda_graphs=engine == "torch", threads=threads)
+
+
+def _bench_engine(engine: str, precision: str, models: dict[str, str], tmp: str, size: str, batch: int,
+                  latency: bool, steps: int, device: str, threads: int, gin: int) -> list[Row]:
+    """One engine at one precision and batch size: decode tokens/s, and (``latency``) ttfa, RTF and the vocoder's
+    RTF, in a process of its own."""
+    from engines.loader import set_cpu_threads
+
+    if device == "cpu":
+        set_cpu_threads(threads)
+    eng = _build(engine, precision, models, tmp, device, batch, threads)
+    if hasattr(eng, "bind_thread"):
+        eng.bind_thread()  # as the synthesis worker does: this thread owns the engine's CPU threads
     if engine == "naive":
         tps = _naive_tokens_per_s(eng.gpt, steps)
         ttfa, rtf = _ttfa_and_rtf(eng, _naive_gpt(eng), gin)
-        return [Row("naive", precision, device, size, 1, tps, ttfa, rtf, _peak_mem_mb(device))]
+        return [Row("naive", precision, device, size, 1, tps, ttfa, rtf, _peak_mem_mb(device),
+                    vocoder_rtf=_vocoder_rtf(eng, gin))]
     ttfa, rtf = _ttfa_and_rtf(eng, _engine_gpt(eng), gin) if latency else (None, None)
+    voc = _vocoder_rtf(eng, gin) if latency else None
     tps = _time_batch(eng, batch, steps)
     log.info("%s %s %s b%d: %.1f tok/s", engine, precision, size, batch, tps)
-    return [Row(engine, precision, device, size, batch, tps, ttfa, rtf, _peak_mem_mb(device))]
+    return [Row(engine, precision, device, size, batch, tps, ttfa, rtf, _peak_mem_mb(device), vocoder_rtf=voc)]
 
 
-def _pipeline_in_process(models: dict[str, str], tmp: str, size: str, device: str, threads: int,
+def _pipeline_in_process(backend: str, models: dict[str, str], tmp: str, size: str, device: str, threads: int,
                          precision: str) -> list[PipelineRow]:
-    return asyncio.run(_bench_pipeline(argparse.Namespace(**models), Path(tmp), size, device, threads, precision))
+    return asyncio.run(_bench_pipeline(argparse.Namespace(**models), Path(tmp), size, device, threads, precision,
+                                       backend))
 
 
 @dataclass
@@ -262,6 +523,9 @@ class PipelineRow:
     ttfa_s: float
     rtf: float
     audio_s: float
+    backend: str = "torch"
+    contend: int = 0
+    default: bool = False
 
 
 PIPELINE_TEXT = ("The weather is lovely this morning. We could walk to the river after lunch. "
@@ -282,18 +546,18 @@ def _reference_wav() -> bytes:
 
 
 async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, threads: int,
-                          precision: str) -> list[PipelineRow]:
+                          precision: str, backend: str = "torch") -> list[PipelineRow]:
     """Synthesizer.stream end to end (text front-end, GPT, SoVITS, caches), cold / prosody-hit / audio-hit."""
     import dataclasses
 
     from bot.config import Config, config_from_dict
     from bot.services import build_synthesizer
-    from synthesis.types import SynthesisParams
+    from synthesis import SynthesisParams
 
     cfg: Config = config_from_dict({
         "models": {k: str(getattr(models, k)) for k in ("gpt", "sovits", "hubert", "bert")},
-        "engine": {"backend": "torch", "device": "cpu" if device == "cpu" else "cuda", "threads": threads,
-                   "precision": precision},
+        "engine": {"backend": backend, "device": "cpu" if device == "cpu" else "cuda", "threads": threads,
+                   "precision": precision, "onnx_dir": str(tmp / "onnx")},
         "voices": {"dir": str(tmp / f"voices-{precision}")}, "cache": {"dir": str(tmp / f"cache-{precision}")},
     })
     synth = build_synthesizer(cfg)
@@ -313,7 +577,8 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
                 ttfa = ttfa if ttfa is not None else time.perf_counter() - t0
                 audio += chunk.audio.size
             total = time.perf_counter() - t0
-            rows.append(PipelineRow(precision, size, case, ttfa or 0.0, total / (audio / 32000), audio / 32000))
+            rows.append(PipelineRow(precision, size, case, ttfa or 0.0, total / (audio / 32000), audio / 32000,
+                                    backend))
         await synth.delete_voice(voice.id)
     finally:
         await synth.close()
@@ -321,25 +586,70 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
 
 
 def format_pipeline_table(rows: list[PipelineRow]) -> str:
-    head = f"{'prec':5} {'size':5} {'case':12} {'ttfa s':>8} {'RTF':>7} {'audio s':>8}"
-    lines = [f"Synthesizer.stream, 3 sentences ({len(PIPELINE_TEXT.split())} words):", head, "-" * len(head)]
-    lines += [f"{r.precision:5} {r.size:5} {r.case:12} {r.ttfa_s:8.3f} {r.rtf:7.3f} {r.audio_s:8.2f}" for r in rows]
+    head = f"{'backend':7} {'prec':5} {'size':5} {'case':12} {'ttfa s':>8} {'RTF':>7} {'audio s':>8} {'contend':>7}"
+    lines = [f"Synthesizer.stream, 3 sentences ({len(PIPELINE_TEXT.split())} words); * = what auto picks here:",
+             head, "-" * len(head)]
+    lines += [f"{r.backend:7} {r.precision:5} {r.size:5} {r.case:12} {r.ttfa_s:8.3f} {r.rtf:7.3f} {r.audio_s:8.2f} "
+              f"{r.contend:7d}{' *' if r.default else ''}" for r in rows]
     return "\n".join(lines)
 
 
 def format_table(rows: list[Row]) -> str:
-    base = {r.size: r.tokens_per_s for r in rows if r.engine == "naive"}
+    """The decode table; ``x naive`` is against the naive row of the same size and contention."""
+    base = {(r.size, r.contend): r.tokens_per_s for r in rows if r.engine == "naive"}
+    quiet = {(r.engine, r.precision, r.size, r.batch): r.tokens_per_s for r in rows if r.contend == 0}
     head = f"{'engine':7} {'prec':5} {'device':7} {'size':5} {'batch':>5} {'tok/s':>9} {'x naive':>8} " \
-           f"{'ttfa s':>8} {'RTF':>7} {'peak MB':>8}"
+           f"{'x floor':>7} {'ttfa s':>8} {'RTF':>7} {'voc RTF':>7} {'peak MB':>8} {'contend':>7} {'x quiet':>7}"
     lines = [head, "-" * len(head)]
+
+    def f(x: float | None, fmt: str) -> str:
+        return fmt % x if x is not None else "-"
+
     for r in rows:
-        ratio = (r.tokens_per_s / base[r.size]) if r.tokens_per_s and base.get(r.size) else None
+        b = base.get((r.size, r.contend))
+        ratio = (r.tokens_per_s / b) if r.tokens_per_s and b else None
+        q = quiet.get((r.engine, r.precision, r.size, r.batch)) if r.contend else None
+        kept = (r.tokens_per_s / q) if r.tokens_per_s and q else None  # share of the quiet speed kept
         lines.append(
             f"{r.engine:7} {r.precision:5} {r.device:7} {r.size:5} {r.batch:5d} "
-            f"{r.tokens_per_s or 0:9.1f} {('%.2fx' % ratio) if ratio else '-':>8} "
-            f"{('%.3f' % r.ttfa_s) if r.ttfa_s is not None else '-':>8} "
-            f"{('%.3f' % r.rtf) if r.rtf is not None else '-':>7} {r.peak_mem_mb or 0:8.0f}")
+            f"{r.tokens_per_s or 0:9.1f} {f(ratio, '%.2fx'):>8} {f(r.x_floor, '%.2f'):>7} "
+            f"{f(r.ttfa_s, '%.3f'):>8} {f(r.rtf, '%.3f'):>7} {f(r.vocoder_rtf, '%.3f'):>7} "
+            f"{r.peak_mem_mb or 0:8.0f} {r.contend:7d} {f(kept and 100 * kept, '%.0f%%'):>7}"
+            f"{' *' if r.default else ''}")
     return "\n".join(lines)
+
+
+def format_accuracy_table(rows: list[AccuracyRow]) -> str:
+    head = f"{'engine':7} {'prec':5} {'size':5} {'steps':>5} {'argmax':>7} {'top-15':>7} {'cos mean':>9} {'cos min':>8}"
+    lines = ["Lower precision vs fp32, teacher-forced along fp32's greedy path:", head, "-" * len(head)]
+    lines += [f"{r.engine:7} {r.precision:5} {r.size:5} {r.steps:5d} {r.argmax_agree:7.1%} {r.top15_overlap:7.1%} "
+              f"{r.cosine_mean:9.5f} {r.cosine_min:8.5f}" for r in rows]
+    return "\n".join(lines)
+
+
+def format_machine(info: dict[str, Any]) -> str:
+    isa = " ".join(f for f, on in info["isa"].items() if on) or "none of " + ", ".join(info["isa"])
+    ort = f"onnxruntime {info['onnxruntime']} ({', '.join(info.get('onnxruntime_providers', []))})" \
+        if info.get("onnxruntime") else "onnxruntime not installed"
+    env = " ".join(f"{k}={v}" for k, v in info["env"].items())
+    return (f"CPU: {info['cpu']}, {info['cores']} cores usable; ISA: {isa}\n"
+            f"torch {info['torch']} (ATen kernels {info['torch_cpu_capability']}, quantized engine "
+            f"{info['torch_quantized_engine']}); {ort}\n"
+            f"memory read {info['read_gb_s']:.1f} GB/s"
+            + (f"; ISA limited by {env}" if env else ""))
+
+
+def parse_contend(text: str) -> list[int]:
+    """``--contend`` as a list of competitor counts (``"0,1"``: quiet and with one busy process)."""
+    try:
+        levels = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 0:
+        from engines import SpeechError
+
+        raise SpeechError(f"--contend takes counts of busy processes like 1 or 0,1; got {text!r}")
+    return levels
 
 
 def run_bench(config: Any, args: argparse.Namespace) -> int:
@@ -348,18 +658,32 @@ def run_bench(config: Any, args: argparse.Namespace) -> int:
     device = resolve_device(config.engine.device)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     batches = [int(b) for b in args.batches.split(",")]
+    levels = parse_contend(getattr(args, "contend", "0") or "0")
+    threads = config.engine.threads
+    info = machine_info(threads)
+    info["auto"] = dict(zip(("backend", "precision"), auto_choice(device)))
+    print(format_machine(info))
+    print(f"auto picks here: engine.backend {info['auto']['backend']}, engine.precision {info['auto']['precision']}")
     rows: list[Row] = []
     pipeline_rows: list[PipelineRow] = []
-    for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
-        r, p = bench_size(size, engines, batches, args.steps, device, config.engine.threads)
-        rows.extend(r)
-        pipeline_rows.extend(p)
+    accuracy: list[AccuracyRow] = []
+    for contend in levels:
+        for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
+            r, p, a = bench_size(size, engines, batches, args.steps, device, threads, contend,
+                                 info["read_gb_s"] if device == "cpu" else None)
+            rows.extend(r)
+            pipeline_rows.extend(p)
+            accuracy.extend(a)
     print(format_table(rows))
     if pipeline_rows:
         print()
         print(format_pipeline_table(pipeline_rows))
+    if accuracy:
+        print()
+        print(format_accuracy_table(accuracy))
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows] + [
-            {"engine": "pipeline", **asdict(p)} for p in pipeline_rows], indent=1))
+        args.json.write_text(json.dumps({"meta": info, "rows": [asdict(r) for r in rows] + [
+            {"engine": "pipeline", **asdict(p)} for p in pipeline_rows], "accuracy": [asdict(a) for a in accuracy]},
+            indent=1))
         print(f"wrote {args.json}")
     return 0

@@ -29,10 +29,7 @@ import numpy as np
 
 from bot.http import start_server
 from bot.services import Services, build_synthesizer, default_params
-from engines.base import SAMPLE_RATE, SpeechError
-from synthesis.audio import encode_audio
-from synthesis.pipeline import Synthesizer
-from synthesis.types import SynthesisParams, Voice
+from synthesis import SAMPLE_RATE, SpeechError, SynthesisParams, Synthesizer, Voice, encode_audio
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,7 @@ import numpy as np
 
 from bot.bench_http import CONSENT, LANGUAGE, TRANSCRIPT, WARMUP_TEXT, bench_config, synthetic_speech
 from bot.services import build_synthesizer, default_params
-from engines.base import SAMPLE_RATE, SpeechError
-from synthesis.audio import encode_audio
-from synthesis.pipeline import Synthesizer
-from synthesis.types import SynthesisParams, Voice
+from synthesis import SAMPLE_RATE, SpeechError, SynthesisParams, Synthesizer, Voice, encode_audio
 
 log = logging.getLogger(__name__)
 

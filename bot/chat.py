@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 import openai
 
 from bot.config import ChatConfig
-from engines.base import SpeechError
+from synthesis import SpeechError
 
 log = logging.getLogger(__name__)
 

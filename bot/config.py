@@ -8,6 +8,7 @@ names the environment variable that holds them.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import types
@@ -18,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from engines.base import SpeechError
+from synthesis import SpeechError, SynthesisParams
 
 
 class ConfigError(SpeechError):
@@ -32,14 +33,16 @@ class ModelsConfig:
     sovits: Path = Path("models/gsv-v2final-pretrained/s2G2333k.pth")
     hubert: Path = Path("models/chinese-hubert-base")
     bert: Path = Path("models/chinese-roberta-wwm-ext-large")
+    # v2Pro/v2ProPlus SoVITS only: the speaker-verification model of upstream's pretrained set (unused for v2)
+    sv: Path = Path("models/sv/pretrained_eres2netv2w24s4ep4.ckpt")
     download_base_url: str = "https://huggingface.co/lj1995/GPT-SoVITS/resolve/main"
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    backend: str = "auto"  # auto | torch | onnx | tensorrt
+    backend: str = "auto"  # auto | torch | onnx | tensorrt (auto: onnx on CPU; see engines.loader.CPU_AUTO_BACKEND)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "auto"  # auto | fp32 | fp16 | bf16
+    precision: str = "auto"  # auto | fp32 | fp16 | bf16 | int8 (auto: fp16 on GPU, int8 on CPU)
     threads: int = 0  # CPU threads for torch/onnxruntime; 0 = all cores
     max_batch: int = 8  # most sentences decoded together by the GPT
     cuda_graphs: bool = True
@@ -72,12 +75,22 @@ class SynthesisConfig:
     speed: float = 1.0
     noise_scale: float = 0.5
     seed: int = -1
-    queue_size: int = 64
-    deadline_s: float = 120.0
+    queue_size: int = 64  # requests admitted at once (each from its arrival to the end of its stream); more: busy
+    deadline_s: float = 120.0  # longest wait for one sentence, from when its text arrived and it is due to play
     stream_pause_s: float = 1.5
     stream_max_chars: int = 300
     max_text_chars: int = 5000
     first_chunk_tokens: int = 24
+
+    def __post_init__(self) -> None:
+        # the per-request defaults: refused here, with the key's name, rather than at the first request
+        SynthesisParams(language=self.language, top_k=self.top_k, top_p=self.top_p, temperature=self.temperature,
+                        repetition_penalty=self.repetition_penalty, speed=self.speed, noise_scale=self.noise_scale,
+                        seed=self.seed, split_method=self.split_method, fragment_interval=self.fragment_interval)
+        if self.queue_size < 1:
+            raise ValueError(f"queue_size must be at least 1, got {self.queue_size}")
+        if not self.deadline_s > 0:
+            raise ValueError(f"deadline_s must be above 0 seconds, got {self.deadline_s}")
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,7 @@ class CacheConfig:
     dir: Path = Path("data/cache")
     prosody_mb: int = 512
     audio_mb: int = 1024
+    reuse_random: bool = True  # serve one stored sample for random-seed requests (off: a fresh draw every time)
 
 
 @dataclass(frozen=True)
@@ -123,6 +137,34 @@ class HttpConfig:
     rate_limit_per_min: int = 120
     # browser origins allowed to call the API (CORS); SillyTavern's UI runs at :8000; "*" allows any site
     cors_origins: tuple[str, ...] = ("http://localhost:8000", "http://127.0.0.1:8000")
+    rate_limit_key: str = "address"  # what shares one rate-limit bucket: address | token | none (one for all)
+    trusted_networks: tuple[str, ...] = ()  # client addresses/CIDRs that need no token (e.g. 192.168.1.0/24)
+    allowed_hosts: tuple[str, ...] = ()  # Host names served besides localhost and IP literals ("*" = any)
+    voice_aliases: dict[str, str] = field(default_factory=dict)  # client voice name (alloy...) -> stored voice
+    default_voice: str = ""  # stored voice for unmapped OpenAI voice names; "" = the first voice by name
+    idle_timeout_s: float = 15.0  # an idle keep-alive connection, or one slow to send its request head, is closed
+    body_timeout_s: float = 30.0  # a request body must arrive within this
+    ws_idle_timeout_s: float = 20.0  # a WebSocket whose client sends nothing this long ends its input
+
+    def __post_init__(self) -> None:
+        if self.rate_limit_key not in RATE_LIMIT_KEYS:
+            raise ValueError(f"rate_limit_key must be one of {', '.join(RATE_LIMIT_KEYS)}, "
+                             f"got {self.rate_limit_key!r}")
+        for net in self.trusted_networks:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"trusted_networks: {net!r} is not an address or network like 192.168.1.0/24"
+                                 ) from None
+        for name in ("idle_timeout_s", "body_timeout_s", "ws_idle_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be above 0 seconds, got {getattr(self, name)!r}")
+        for key, value in self.voice_aliases.items():
+            if not key.strip() or not value.strip():
+                raise ValueError(f"voice_aliases: {key!r}: {value!r} needs a client name and a stored voice name")
+
+
+RATE_LIMIT_KEYS = ("address", "token", "none")
 
 
 @dataclass(frozen=True)
@@ -203,6 +245,12 @@ def _coerce(tp: Any, value: Any, key: str, base_dir: Path) -> Any:
         if value is None:
             return None
         return _coerce(args[0], value, key, base_dir)
+    if origin is dict:  # a mapping of strings (http.voice_aliases)
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key {key}: expected a mapping, got {value!r}")
+        k_tp, v_tp = typing.get_args(tp)
+        return {_coerce(k_tp, k, f"{key}.{k}", base_dir): _coerce(v_tp, v, f"{key}.{k}", base_dir)
+                for k, v in value.items()}
     if origin is tuple:
         if not isinstance(value, list):
             raise ConfigError(f"config key {key}: expected a list, got {value!r}")

@@ -42,10 +42,28 @@ def resolve_device(device: str) -> str:
     return device
 
 
+# What ``auto`` runs on a CPU, chosen by measurement (``python -m bot bench``; the AVX2 figures are issue 13's):
+# - backend onnx: ONNX Runtime's kernels ran the fp32 GPT step 1.5-1.9x faster than torch's (MKL's batch-1 GEMV
+#   reaches about half the memory bandwidth on AMD EPYC; AVX2 Zen 3: 16.6-17.8 vs 24.8-25.9 ms, AVX-512 Zen 4:
+#   17.4 vs 31.8 ms), its vocoder is faster (RTF 0.29 vs 0.42 on the AVX2 EPYC), and its workers do not spin, so it
+#   stays steady when other processes share the cores, where torch's spin-waiting OpenMP pool collapses (Zen 4,
+#   2 cores, load ~8: torch fp32 step 555-611 ms with 2 threads, 69-91 ms with 1 or OMP_WAIT_POLICY=PASSIVE).
+# - precision int8: the GPT's linears in dynamic int8 (the vocoder stays fp32), 1.6-2x the fp32 step, within the
+#   bounds tests/engines/test_int8_proof.py proves along upstream's greedy paths on the golden data (every decided
+#   choice and the stop kept).
+# What lost (Zen 4, step at 320 cached positions, one process, best round): OpenVINO 2026.4 fp32 17.1 ms and int8
+# weights (per-channel, Convert+Multiply decompression) 10.8 ms against ONNX Runtime 17.4 / 10.8 ms, no faster;
+# ONNX Runtime MatMulNBits 8-bit (block 32, accuracy level 4) 10.4 vs 10.9 ms, within the noise, and another
+# rounding to prove; bf16 (OpenVINO, native avx512_bf16) 13.5 ms, slower than int8 and absent on AVX2 CPUs.
+CPU_AUTO_BACKEND = "onnx"
+CPU_AUTO_PRECISION = "int8"
+
+
 def resolve_precision(precision: str, device: str) -> str:
-    """``auto`` -> fp16 on GPU, fp32 on CPU; a precision the device cannot run is an error that says what can."""
+    """``auto`` -> fp16 on GPU, int8 on CPU (see :data:`CPU_AUTO_PRECISION`); a precision the device cannot run is
+    an error that says what can."""
     if precision == "auto":
-        return "fp16" if device.startswith("cuda") else "fp32"
+        return "fp16" if device.startswith("cuda") else CPU_AUTO_PRECISION
     if device == "cpu" and precision in ("fp16", "bf16"):
         raise EngineError(f"engine.precision {precision} is for GPUs; on the CPU use fp32 (or int8)")
     if device.startswith("cuda") and precision == "int8":
@@ -54,9 +72,12 @@ def resolve_precision(precision: str, device: str) -> str:
 
 
 def choose_backend(backend: str, device: str, precision: str, tensorrt_installed: bool) -> str:
-    """The backend to build: ``auto`` is TensorRT for fp16 on an NVIDIA GPU where it is installed, else torch; an
-    explicit choice the device or precision cannot serve is an error that says what can."""
+    """The backend to build: ``auto`` is onnx on a CPU (see :data:`CPU_AUTO_BACKEND`), TensorRT for fp16 on an
+    NVIDIA GPU where it is installed, else torch; an explicit choice the device or precision cannot serve is an
+    error that says what can."""
     if backend == "auto":
+        if device == "cpu":
+            return CPU_AUTO_BACKEND
         return "tensorrt" if device.startswith("cuda") and precision == "fp16" and tensorrt_installed else "torch"
     if backend not in BACKENDS:
         raise EngineError(f"unknown engine.backend {backend!r}: expected auto, {', '.join(BACKENDS)}")
@@ -107,7 +128,9 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
         # work with 2+ threads, libgomp manages more threads than there are cores and cuts its spin-wait, so every
         # small GEMV pays a futex wake-up (measured on 2 cores: GPT step 13.8 -> 28 ms, for good: the idle pool
         # stays). The loading thread stays single-threaded; the engine's thread count applies where it runs
-        # (bind_thread).
+        # (bind_thread). Kept: the same spin-wait is what collapses a torch engine when another process shares the
+        # cores (see CPU_AUTO_BACKEND); the onnx engine's torch work (sampling) runs on this one thread and its
+        # graphs on ONNX Runtime's own non-spinning pool, so one thread for both lanes serves it too.
         set_cpu_threads(1)
     log.info("loading the %s engine on %s (%s)", backend, device, precision)
 
@@ -122,8 +145,15 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
     if backend == "onnx":
         from engines.onnx_engine import OnnxEngine
 
-        return OnnxEngine.from_files(models, engine.onnx_dir, device=device, precision=precision,
-                                     threads=engine.threads, max_batch=engine.max_batch)
+        try:
+            return OnnxEngine.from_files(models, engine.onnx_dir, device=device, precision=precision,
+                                         threads=engine.threads, max_batch=engine.max_batch)
+        except EngineError as e:
+            if engine.backend != "auto":
+                raise
+            # auto chose onnx for speed; a model the export cannot handle must not keep the bot from speaking
+            log.warning("ONNX engine unavailable (%s); using the torch engine instead", e)
+            return torch_engine()
     if backend == "tensorrt":
         from engines.tensorrt_engine import TensorRTEngine
 

@@ -35,8 +35,8 @@ from engines.base import (
     VoicePrompt,
 )
 from engines.encoders import LazyEncoders
-from engines.export import GRAPHS, INT8_STEP, ensure_onnx, load_manifest, quantize_step_int8
-from engines.gpt_sovits.checkpoint import file_fingerprint
+from engines.export import GRAPHS, INT8_STEP, MANIFEST, ensure_onnx, load_manifest, model_key, quantize_step_int8
+from engines.gpt_sovits.checkpoint import V2PRO_VERSIONS, file_fingerprint, load_sovits_checkpoint
 from engines.gpt_sovits.generate import BatchDecoder, generate
 from engines.gpt_sovits.gpt import KV_BUCKET, GptConfig
 from engines.gpt_sovits.sovits import mean_style
@@ -83,7 +83,8 @@ class _OrtRunner:
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
         opts.inter_op_num_threads = 1
-        # torch samples between graph runs on the same cores: do not let idle ORT workers spin on them
+        # torch samples between graph runs on the same cores: do not let idle ORT workers spin on them. Measured with
+        # other processes on the 2 cores (Zen 4, int8 step): 11-29 ms not spinning, 58-96 ms spinning.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if self.device.type == "cuda":
             if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -241,6 +242,29 @@ class GraphGpt:
 # ------------------------------------------------------------------------------------------------------- the engine
 
 
+V2PRO_ON_GRAPHS = "v2Pro/v2ProPlus models run on the torch backend for now; set engine.backend: torch"
+
+
+def refuse_v2pro(version: str) -> None:
+    """The graph engines run the v2 SoVITS graphs only: refuse a v2Pro/v2ProPlus model (``auto`` then uses torch)."""
+    if version in V2PRO_VERSIONS:
+        raise EngineError(V2PRO_ON_GRAPHS)
+
+
+def sovits_family(models: ModelPaths, onnx_dir: str | os.PathLike[str]) -> str:
+    """The SoVITS family (``"v2"``, ``"v2Pro"``, ``"v2ProPlus"``) of ``models``: from its export's manifest when one
+    exists (no checkpoint load on a warm start), else from the checkpoint, before any export work is spent on it."""
+    folder = Path(onnx_dir) / model_key(models)
+    if (folder / MANIFEST).is_file():
+        try:
+            return str(load_manifest(folder)["sovits"].get("version", "v2"))
+        except (EngineError, KeyError):
+            pass  # a stale or damaged export: ensure_onnx reports or redoes it
+    if not Path(models.sovits).is_file():
+        return "v2"  # ensure_onnx names the missing file
+    return load_sovits_checkpoint(models.sovits).version
+
+
 class GraphEngine:
     """GPT-SoVITS v2 over exported graphs; the Engine protocol for the onnx and tensorrt backends.
 
@@ -269,9 +293,15 @@ class GraphEngine:
 
     # ---- Engine protocol -------------------------------------------------------------------------------------
 
+    def encode_speaker(self, refs32k: Sequence[np.ndarray]) -> np.ndarray | None:
+        """None: the graphs run a plain v2 SoVITS, which has no use for speaker-verification features."""
+        refuse_v2pro(str(self.manifest["sovits"].get("version", "v2")))
+        return None
+
     @torch.inference_mode()
-    def encode_reference(self, wav16k: np.ndarray | None,
-                         refs32k: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def encode_reference(self, wav16k: np.ndarray | None, refs32k: Sequence[np.ndarray],
+                         sv_emb: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """As the Engine protocol; ``sv_emb`` is unused (a v2 SoVITS: see :meth:`encode_speaker`)."""
         if not refs32k:
             raise EngineError("encode_reference needs at least one 32 kHz reference clip")
         tokens = np.zeros(0, np.int64)
@@ -378,6 +408,7 @@ class OnnxEngine(GraphEngine):
                               "engine.backend: tensorrt (or torch)")
         if precision == "int8" and device != "cpu":
             raise EngineError("int8 is a CPU path of the onnx engine; set engine.device: cpu or another precision")
+        refuse_v2pro(sovits_family(models, onnx_dir))
         folder = ensure_onnx(models, onnx_dir)
         manifest = load_manifest(folder)
         files = {name: folder / f"{name}.onnx" for name in GRAPHS}

@@ -10,7 +10,7 @@ from engines.loader import choose_backend, resolve_device, resolve_precision
 
 
 @pytest.mark.parametrize(("precision", "device", "expected"), [
-    ("auto", "cpu", "fp32"), ("auto", "cuda:0", "fp16"), ("int8", "cpu", "int8"), ("fp32", "cpu", "fp32"),
+    ("auto", "cpu", "int8"), ("auto", "cuda:0", "fp16"), ("int8", "cpu", "int8"), ("fp32", "cpu", "fp32"),
     ("bf16", "cuda:0", "bf16"), ("fp32", "cuda:1", "fp32"),
 ])
 def test_precision_resolves(precision: str, device: str, expected: str) -> None:
@@ -28,8 +28,8 @@ def test_precision_the_device_cannot_run(precision: str, device: str, message: s
 
 
 @pytest.mark.parametrize(("backend", "device", "precision", "trt", "expected"), [
-    ("auto", "cpu", "fp32", True, "torch"),
-    ("auto", "cpu", "int8", False, "torch"),
+    ("auto", "cpu", "fp32", True, "onnx"),  # measured fastest on CPUs (engines.loader.CPU_AUTO_BACKEND)
+    ("auto", "cpu", "int8", False, "onnx"),
     ("auto", "cuda:0", "fp16", True, "tensorrt"),
     ("auto", "cuda:0", "fp16", False, "torch"),
     ("auto", "cuda:0", "bf16", True, "torch"),  # TensorRT engines are fp16: another precision keeps torch
@@ -59,3 +59,29 @@ def test_device_resolves_here() -> None:
         assert resolve_device("auto") == "cpu"
         with pytest.raises(EngineError, match="no CUDA GPU is usable here; set engine.device: cpu"):
             resolve_device("cuda")
+
+
+def test_auto_on_a_cpu_falls_back_to_torch_when_the_onnx_engine_cannot_load(tmp_path, monkeypatch,
+                                                                              caplog) -> None:
+    """auto picks onnx on a CPU for speed; an export that fails leaves the bot speaking through torch."""
+    import dataclasses
+
+    import engines.onnx_engine
+    from bot.config import EngineConfig
+    from engines.gpt_sovits.tiny import write_model_set
+    from engines.loader import load_engine
+
+    paths = write_model_set(tmp_path / "models", size="tiny", seed=0)
+
+    def refuse(*args, **kwargs):
+        raise EngineError("export failed (simulated)")
+
+    monkeypatch.setattr(engines.onnx_engine.OnnxEngine, "from_files", refuse)
+    models = type("Models", (), dict(paths))()
+    auto = EngineConfig(backend="auto", device="cpu", precision="fp32", threads=1, onnx_dir=tmp_path / "onnx")
+    with caplog.at_level("WARNING", logger="engines.loader"):
+        engine = load_engine(auto, models)
+    assert engine.name == "torch" and engine.precision == "fp32"
+    assert "ONNX engine unavailable (export failed (simulated)); using the torch engine" in caplog.text
+    with pytest.raises(EngineError, match="export failed"):  # an explicit onnx choice reports the failure
+        load_engine(dataclasses.replace(auto, backend="onnx"), models)
