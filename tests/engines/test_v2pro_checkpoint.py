@@ -20,11 +20,6 @@ VERSIONS = ("v2Pro", "v2ProPlus")
 
 
 @pytest.fixture(scope="module")
-def meta(golden_v2pro_dir: Path) -> dict:
-    return json.loads((golden_v2pro_dir / "meta.json").read_text())
-
-
-@pytest.fixture(scope="module")
 def real_sizes(golden_v2pro_dir: Path) -> dict:
     return json.loads((golden_v2pro_dir / "real_size_shapes.json").read_text())
 

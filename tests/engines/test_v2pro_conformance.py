@@ -4,7 +4,6 @@ end to end from the 32 kHz reference. Tolerances are the README's; every size an
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -38,11 +37,6 @@ def _npz(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def meta(golden_v2pro_dir: Path) -> dict:
-    return json.loads((golden_v2pro_dir / "meta.json").read_text())
-
-
-@pytest.fixture(scope="module")
 def ref(golden_v2pro_dir: Path) -> dict[str, torch.Tensor]:
     return _npz(golden_v2pro_dir / "ref_io.npz")
 
@@ -50,13 +44,6 @@ def ref(golden_v2pro_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def sv_model(golden_v2pro_dir: Path, meta: dict) -> ERes2NetV2:
     return ERes2NetV2.from_checkpoint(load_sv_checkpoint(golden_v2pro_dir / meta["sv"]["file"]))
-
-
-@pytest.fixture(scope="module", params=("v2Pro", "v2ProPlus"))
-def version(request: pytest.FixtureRequest, meta: dict) -> str:
-    if request.param not in meta["versions"]:
-        pytest.skip(f"this golden set has no {request.param} data")
-    return str(request.param)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ a voice made for the other family is refused, never mixed."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +33,6 @@ class _Paths:
 
 
 @pytest.fixture(scope="module")
-def meta(golden_v2pro_dir: Path) -> dict:
-    return json.loads((golden_v2pro_dir / "meta.json").read_text())
-
-
-@pytest.fixture(scope="module")
 def ref(golden_v2pro_dir: Path) -> dict[str, np.ndarray]:
     with np.load(golden_v2pro_dir / "ref_io.npz") as z:
         return {k: z[k] for k in z.files}
@@ -49,13 +43,6 @@ def _paths(golden: Golden, golden_v2pro_dir: Path, meta: dict, version: str, sv:
     sovits = golden_v2pro_dir / meta["sovits"][version]["file"] if version != "v2" else v2
     return _Paths(golden.gpt_path, sovits, golden.dir / "no-hubert", golden.dir / "no-bert",
                   golden_v2pro_dir / meta["sv"]["file"] if sv else None)
-
-
-@pytest.fixture(scope="module", params=("v2Pro", "v2ProPlus"))
-def version(request: pytest.FixtureRequest, meta: dict) -> str:
-    if request.param not in meta["versions"]:
-        pytest.skip(f"this golden set has no {request.param} data")
-    return str(request.param)
 
 
 @pytest.fixture(scope="module")

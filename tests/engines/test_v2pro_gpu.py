@@ -3,7 +3,6 @@ waveform (skipped without CUDA). Tolerances as the CPU tests, and 5e-2 for the w
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +26,6 @@ WAVE_ATOL_HALF = 5e-2
 def _npz(path: Path) -> dict[str, np.ndarray]:
     with np.load(path) as z:
         return {k: z[k] for k in z.files}
-
-
-@pytest.fixture(scope="module")
-def meta(golden_v2pro_dir: Path) -> dict:
-    return json.loads((golden_v2pro_dir / "meta.json").read_text())
 
 
 def test_sv_embedding_on_cuda(golden_v2pro_dir: Path, meta: dict) -> None:

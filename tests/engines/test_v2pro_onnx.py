@@ -4,7 +4,6 @@ SV features as a second input, ``sovits_decode`` feeds the MRTE ``ge_to512(ge)``
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -18,18 +17,6 @@ ort = pytest.importorskip("onnxruntime")
 ATOL = 1e-4  # golden-v2pro README: ge and waveform (fp32)
 
 pytestmark = [pytest.mark.conformance, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def meta(golden_v2pro_dir: Path) -> dict:
-    return json.loads((golden_v2pro_dir / "meta.json").read_text())
-
-
-@pytest.fixture(scope="module", params=("v2Pro", "v2ProPlus"))
-def version(request: pytest.FixtureRequest, meta: dict) -> str:
-    if request.param not in meta["versions"]:
-        pytest.skip(f"this golden set has no {request.param} data")
-    return str(request.param)
 
 
 @pytest.fixture(scope="module")
