@@ -255,4 +255,4 @@ def test_build_engines_exports_checks_and_explains_missing_tensorrt(engine, mode
         with pytest.raises(EngineError, match="pip install tensorrt"):
             build_engines(cfg, models, backend="tensorrt")
         assert set(build_engines(cfg, models)) == set(GRAPHS)  # no backend asked: graphs only, with a warning
-    assert not (tmp_path / "trt").exists() or torch.cuda.is_available()
+        assert not (tmp_path / "trt").exists()  # a TensorRT build that cannot run leaves no folder behind
