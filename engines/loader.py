@@ -140,30 +140,25 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
         return TorchEngine.from_files(models, device=device, precision=precision, max_batch=engine.max_batch,
                                       cuda_graphs=engine.cuda_graphs, threads=threads)
 
-    if backend == "torch":
-        return torch_engine()
-    if backend == "onnx":
-        from engines.onnx_engine import OnnxEngine
+    def graph_engine() -> Engine:
+        if backend == "onnx":
+            from engines.onnx_engine import OnnxEngine
 
-        try:
             return OnnxEngine.from_files(models, engine.onnx_dir, device=device, precision=precision,
                                          threads=engine.threads, max_batch=engine.max_batch)
-        except EngineError as e:
-            if engine.backend != "auto":
-                raise
-            # auto chose onnx for speed; a model the export cannot handle must not keep the bot from speaking
-            log.warning("ONNX engine unavailable (%s); using the torch engine instead", e)
-            return torch_engine()
-    if backend == "tensorrt":
         from engines.tensorrt_engine import TensorRTEngine
 
-        try:
-            return TensorRTEngine.from_files(models, engine.onnx_dir, engine.tensorrt_dir, device=device,
-                                             workspace_mb=engine.tensorrt_workspace_mb, max_batch=engine.max_batch)
-        except EngineError as e:
-            if engine.backend != "auto":
-                raise
-            # auto chose TensorRT because it is installed; a failed build must not keep the bot from speaking
-            log.warning("TensorRT engine unavailable (%s); using the torch engine instead", e)
-            return torch_engine()
-    raise AssertionError(backend)  # choose_backend returns one of BACKENDS
+        return TensorRTEngine.from_files(models, engine.onnx_dir, engine.tensorrt_dir, device=device,
+                                         workspace_mb=engine.tensorrt_workspace_mb, max_batch=engine.max_batch)
+
+    if backend == "torch":
+        return torch_engine()
+    try:
+        return graph_engine()
+    except EngineError as e:
+        if engine.backend != "auto":
+            raise
+        # auto chose this backend for speed; a model it cannot export or build must not keep the bot from speaking
+        log.warning("%s engine unavailable (%s); using the torch engine instead",
+                    {"onnx": "ONNX", "tensorrt": "TensorRT"}[backend], e)
+        return torch_engine()
