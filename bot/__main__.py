@@ -153,11 +153,18 @@ def _check_models(config: Any) -> str | None:
     return None
 
 
-def _run(config: Any, args: argparse.Namespace) -> int:
+def _discord_token(config: Any) -> str | None:
+    """The bot token from its environment variable, or None after saying how to set it."""
     token = config.secret(config.discord.token_env)
     if token is None:
         print(f"set the {config.discord.token_env} environment variable to your bot token "
               f"(Discord developer portal -> your application -> Bot -> Reset Token)", file=sys.stderr)
+    return token
+
+
+def _run(config: Any, args: argparse.Namespace) -> int:
+    token = _discord_token(config)
+    if token is None:
         return 2
     import discord.opus
 
@@ -183,10 +190,8 @@ def _run(config: Any, args: argparse.Namespace) -> int:
 
 
 def _check_token(config: Any, args: argparse.Namespace) -> int:
-    token = config.secret(config.discord.token_env)
+    token = _discord_token(config)
     if token is None:
-        print(f"set the {config.discord.token_env} environment variable to your bot token "
-              f"(Discord developer portal -> your application -> Bot -> Reset Token)", file=sys.stderr)
         return 2
     from bot.client import check_token
 
