@@ -22,6 +22,7 @@ import json
 import logging
 import resource
 import shutil
+import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -110,6 +111,14 @@ def machine_info(threads: int) -> dict[str, Any]:
         info["onnxruntime_providers"] = ort.get_available_providers()
     except ImportError:
         info["onnxruntime"] = None
+    from engines.gpt_sovits import cpu_step
+
+    if cpu_step.load_library() is not None:
+        cc = cpu_step.find_compiler() or "cc"
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+        info["fused_step"] = f"built with {' '.join(version) or cc} ({' '.join(cpu_step.CFLAGS[:2])})"
+    else:
+        info["fused_step"] = f"unavailable: {cpu_step.unavailable_reason()}"
     info["read_gb_s"] = read_bandwidth_gb_s(threads)
     return info
 
@@ -371,7 +380,7 @@ def _accuracy_in_process(backend: str, precisions: list[str], models: dict[str, 
 
     def gpt(precision: str) -> Any:
         eng = _build(backend, precision, models, tmp, "cpu", 1, threads)
-        return eng.new_gpt() if backend == "onnx" else eng.gpt
+        return eng.new_gpt() if backend in ("onnx", "graph") else eng.gpt
 
     ref, fed = _forced_logits(gpt("fp32"), phones, bert, prompt, steps)
     rows = []
@@ -419,7 +428,9 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
             jobs.append(("torch", "int8"))
         if "onnx" in engines:
             jobs += [("onnx", "fp32"), ("onnx", "int8")]
-        if device == "cpu" and "onnx" in engines:  # exported once, outside the timed processes
+        if "graph" in engines and device == "cpu":  # the onnx engine with the GPT step graphs (what the fused step beat)
+            jobs += [("graph", "fp32"), ("graph", "int8")]
+        if device == "cpu" and ("onnx" in engines or "graph" in engines):  # exported once, outside the timed processes
             _isolated(_export_once, decode_models, tmp)
         with Contention(contend):
             for engine, precision in jobs:
@@ -433,8 +444,8 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
                     pipeline_rows.extend(_isolated(_pipeline_in_process, backend, models, tmp, size, device, threads,
                                                    precision))
         if "accuracy" in engines and device == "cpu" and contend == 0:
-            for backend in [b for b in ("torch", "onnx") if (b == "onnx" and "onnx" in engines)
-                            or (b == "torch" and "int8" in engines)]:
+            for backend in [b for b in ("torch", "onnx", "graph")
+                            if (b != "torch" and b in engines) or (b == "torch" and "int8" in engines)]:
                 accuracy.extend(_isolated(_accuracy_in_process, backend, ["int8"], decode_models, tmp, size,
                                           steps, threads))
     bandwidth = bandwidth_gb_s or (read_bandwidth_gb_s(threads) if device == "cpu" else None)
@@ -475,11 +486,11 @@ def _build(engine: str, precision: str, models: dict[str, str], tmp: str, device
            threads: int) -> Any:
     """The engine a row measures (``naive`` runs the torch engine's GPT through the naive loop)."""
     paths = argparse.Namespace(**{k: Path(v) for k, v in models.items()})
-    if engine == "onnx":
+    if engine in ("onnx", "graph"):
         from engines.onnx_engine import OnnxEngine
 
         return OnnxEngine.from_files(paths, Path(tmp) / "onnx", device=device, precision=precision,
-                                     threads=threads, max_batch=batch)
+                                     threads=threads, max_batch=batch, gpt="graph" if engine == "graph" else "auto")
     from engines.torch_engine import TorchEngine
 
     return TorchEngine.from_files(paths, device=device, precision=precision, max_batch=batch,
@@ -635,6 +646,7 @@ def format_machine(info: dict[str, Any]) -> str:
     return (f"CPU: {info['cpu']}, {info['cores']} cores usable; ISA: {isa}\n"
             f"torch {info['torch']} (ATen kernels {info['torch_cpu_capability']}, quantized engine "
             f"{info['torch_quantized_engine']}); {ort}\n"
+            f"fused CPU decode step: {info.get('fused_step', 'not checked')}\n"
             f"memory read {info['read_gb_s']:.1f} GB/s"
             + (f"; ISA limited by {env}" if env else ""))
 

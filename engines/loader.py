@@ -42,15 +42,18 @@ def resolve_device(device: str) -> str:
     return device
 
 
-# What ``auto`` runs on a CPU, chosen by measurement (``python -m bot bench``; the AVX2 figures are issue 13's):
-# - backend onnx: ONNX Runtime's kernels ran the fp32 GPT step 1.5-1.9x faster than torch's (MKL's batch-1 GEMV
-#   reaches about half the memory bandwidth on AMD EPYC; AVX2 Zen 3: 16.6-17.8 vs 24.8-25.9 ms, AVX-512 Zen 4:
-#   17.4 vs 31.8 ms), its vocoder is faster (RTF 0.29 vs 0.42 on the AVX2 EPYC), and its workers do not spin, so it
-#   stays steady when other processes share the cores, where torch's spin-waiting OpenMP pool collapses (Zen 4,
-#   2 cores, load ~8: torch fp32 step 555-611 ms with 2 threads, 69-91 ms with 1 or OMP_WAIT_POLICY=PASSIVE).
-# - precision int8: the GPT's linears in dynamic int8 (the vocoder stays fp32), 1.6-2x the fp32 step, within the
-#   bounds tests/engines/test_int8_proof.py proves along upstream's greedy paths on the golden data (every decided
-#   choice and the stop kept).
+# What ``auto`` runs on a CPU, chosen by measurement (``python -m bot bench``; AVX2 figures from a 2-core AMD EPYC
+# Zen 3, the machine kind of issue 13):
+# - backend onnx: the vocoder and reference graphs on ONNX Runtime (its vocoder is the faster one on CPUs: RTF 0.29
+#   vs torch 0.42 on the AVX2 EPYC), and the GPT decoded by the fused CPU step (engines/gpt_sovits/cpu_step.py: all
+#   layers in one C call, weights read once per step) where a C compiler exists, else by the GPT step graphs. The
+#   fused step beat every library product tried for the batch-1 step (MKL, oneDNN, OpenBLAS, fbgemm, ONNX Runtime's
+#   graphs: see cpu_step.py), and it falls back to one thread by itself when another process takes a core (two
+#   threads that wait for each other at every product collapse there, as torch's OpenMP pool did: 555-611 ms per
+#   fp32 step with 2 threads on 2 loaded cores, against 69-91 ms with one).
+# - precision int8: the GPT's linears int8 per output channel, weight-only (activations stay fp32), a bf16 KV cache;
+#   the vocoder stays fp32. Proven along upstream's greedy paths on the golden data with a logit bound of 0.12
+#   (measured 0.088; tests/engines/test_int8_proof.py), tighter than the dynamic int8 it replaces (0.17).
 # What lost (Zen 4, step at 320 cached positions, one process, best round): OpenVINO 2026.4 fp32 17.1 ms and int8
 # weights (per-channel, Convert+Multiply decompression) 10.8 ms against ONNX Runtime 17.4 / 10.8 ms, no faster;
 # ONNX Runtime MatMulNBits 8-bit (block 32, accuracy level 4) 10.4 vs 10.9 ms, within the noise, and another
@@ -129,8 +132,8 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
         # small GEMV pays a futex wake-up (measured on 2 cores: GPT step 13.8 -> 28 ms, for good: the idle pool
         # stays). The loading thread stays single-threaded; the engine's thread count applies where it runs
         # (bind_thread). Kept: the same spin-wait is what collapses a torch engine when another process shares the
-        # cores (see CPU_AUTO_BACKEND); the onnx engine's torch work (sampling) runs on this one thread and its
-        # graphs on ONNX Runtime's own non-spinning pool, so one thread for both lanes serves it too.
+        # cores (see CPU_AUTO_BACKEND); the onnx engine's torch work (sampling, the GPT prefill) runs on the device
+        # thread too, its graphs on ONNX Runtime's own non-spinning pool and its GPT steps on the fused step's team.
         set_cpu_threads(1)
     log.info("loading the %s engine on %s (%s)", backend, device, precision)
 

@@ -9,6 +9,12 @@ the number of rows or that bucket changes. The graph returns the new token's K/V
 
 :class:`GraphEngine` is the Engine over any :class:`GraphRunner`; the TensorRT backend reuses it with its own runner.
 HuBERT and BERT stay in torch (transformers); the reference spectrogram is computed in torch, outside the graphs.
+
+On a CPU where the fused decode step can be built (:mod:`engines.gpt_sovits.cpu_step`), the onnx engine's GPT is the
+torch model with that step (``gpt="auto"``/``"fused"``): one C call per step beats the step graph (ONNX Runtime spent
+half of its int8 step outside the matrix products), while the vocoder and the reference graphs stay on ONNX Runtime,
+whose vocoder is the faster one on CPUs. ``gpt="graph"`` keeps the graphs (what TensorRT builds from, so the tests
+verify them through ONNX Runtime).
 """
 
 from __future__ import annotations
@@ -36,9 +42,10 @@ from engines.base import (
 )
 from engines.encoders import LazyEncoders
 from engines.export import GRAPHS, INT8_STEP, MANIFEST, ensure_onnx, load_manifest, model_key, quantize_step_int8
-from engines.gpt_sovits.checkpoint import V2PRO_VERSIONS, file_fingerprint, load_sovits_checkpoint
-from engines.gpt_sovits.generate import BatchDecoder, generate
-from engines.gpt_sovits.gpt import KV_BUCKET, GptConfig
+from engines.gpt_sovits import cpu_step
+from engines.gpt_sovits.checkpoint import V2PRO_VERSIONS, file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint
+from engines.gpt_sovits.generate import SYNC_EVERY, BatchDecoder, generate
+from engines.gpt_sovits.gpt import KV_BUCKET, GptConfig, Text2SemanticModel
 from engines.gpt_sovits.sovits import mean_style
 from engines.gpt_sovits.spectrogram import reference_spec_input
 from engines.loader import use_lane_stream
@@ -51,6 +58,8 @@ log = logging.getLogger(__name__)
 __all__ = ["OnnxEngine", "GraphEngine", "GraphGpt", "GraphRunner"]
 
 PRECISIONS = ("fp32", "int8")  # fp16 graphs run through the tensorrt backend
+GPT_PATHS = ("auto", "fused", "graph")  # how the onnx engine runs its GPT, see the module notes
+GPT_GRAPHS = ("gpt_prefill", "gpt_step")
 _NP_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32}
 
 
@@ -274,8 +283,11 @@ class GraphEngine:
     name = "graph"
 
     def __init__(self, runner: GraphRunner, manifest: dict[str, Any], *, device: str, precision: str, model_id: str,
-                 hubert_path: Path | None, bert_path: Path | None, max_batch: int, step_graph: str = "gpt_step"):
+                 hubert_path: Path | None, bert_path: Path | None, max_batch: int, step_graph: str = "gpt_step",
+                 gpt: Text2SemanticModel | None = None, threads: int = 1):
         self.runner = runner
+        self.gpt = gpt  # the torch GPT with the fused CPU step, or None: the GPT graphs
+        self.threads = threads
         self.manifest = manifest
         self.device = device
         self.precision = precision
@@ -287,9 +299,14 @@ class GraphEngine:
         self.encoders = LazyEncoders(hubert_path, bert_path, device, torch.float16 if half else torch.float32)
 
     def bind_thread(self) -> None:
-        """Called once by each thread that will run this engine: on a GPU, a CUDA stream of its own."""
+        """Called once by each thread that will run this engine: on a GPU, a CUDA stream of its own; on a CPU with
+        the torch GPT, the engine's threads for its prefill (torch) and its steps (the fused step's team). Only this
+        thread runs torch work with more than one thread (see :func:`engines.loader.load_engine`)."""
         if self.device.startswith("cuda"):
             use_lane_stream(self.device)
+        elif self.gpt is not None:
+            torch.set_num_threads(self.threads)
+            cpu_step.set_threads(self.threads)
 
     # ---- Engine protocol -------------------------------------------------------------------------------------
 
@@ -331,13 +348,17 @@ class GraphEngine:
     def text_features(self, norm_text: str, word2ph: Sequence[int]) -> np.ndarray:
         return self.encoders.bert().features(norm_text, word2ph)
 
-    def new_gpt(self) -> GraphGpt:
-        """A GPT with its own KV cache (one per decode batch)."""
+    def new_gpt(self) -> GraphGpt | Text2SemanticModel:
+        """The GPT a decode batch drives: graphs with a KV cache of their own per batch, or the torch GPT with the
+        fused step (one cache: one batch at a time, as the device worker runs them)."""
+        if self.gpt is not None:
+            return self.gpt
         return GraphGpt(self.runner, self.manifest["gpt"], self.step_graph)
 
     def open_batch(self, on_chunk: ChunkCallback | None = None) -> SemanticBatch:
+        # The fused step's EOS flags are host memory: read them every step (no wasted steps).
         decoder = BatchDecoder(self.new_gpt(), max_slots=self.max_batch, max_len=MAX_CONTEXT,  # type: ignore[arg-type]
-                               on_chunk=on_chunk)  # type: ignore[arg-type]
+                               on_chunk=on_chunk, sync_every=1 if self.gpt is not None else SYNC_EVERY)
         return SlotBatch(decoder)
 
     def generate_semantic(self, requests: Sequence[SemanticRequest], on_chunk: ChunkCallback | None = None,
@@ -391,7 +412,7 @@ class OnnxEngine(GraphEngine):
 
     @classmethod
     def from_files(cls, models: ModelPaths, onnx_dir: str | os.PathLike[str], *, device: str = "cpu",
-                   precision: str = "fp32", threads: int = 0, max_batch: int = 8) -> OnnxEngine:
+                   precision: str = "fp32", threads: int = 0, max_batch: int = 8, gpt: str = "auto") -> OnnxEngine:
         """Export the graphs once per model pair (under ``onnx_dir``), then open them in ONNX Runtime.
 
         Parameters
@@ -400,8 +421,9 @@ class OnnxEngine(GraphEngine):
         onnx_dir: export cache folder (``engine.onnx_dir``).
         device: ``"cpu"`` or ``"cuda:N"``.
         precision: ``"fp32"``, or ``"int8"`` (dynamic int8 step graph, CPU only).
-        threads: ORT intra-op threads (0: every core this process may use).
+        threads: ORT intra-op threads and the fused step's (0: every core this process may use).
         max_batch: rows decoded together.
+        gpt: ``"auto"`` (the fused CPU step where it can be built, else the graphs), ``"fused"`` or ``"graph"``.
         """
         if precision not in PRECISIONS:
             raise EngineError(f"the onnx engine runs fp32 or int8, not {precision!r}; for fp16 use "
@@ -409,18 +431,30 @@ class OnnxEngine(GraphEngine):
         if precision == "int8" and device != "cpu":
             raise EngineError("int8 is a CPU path of the onnx engine; set engine.device: cpu or another precision")
         refuse_v2pro(sovits_family(models, onnx_dir))
+        if gpt not in GPT_PATHS:
+            raise EngineError(f"gpt must be one of {', '.join(GPT_PATHS)}, got {gpt!r}")
+        fused = gpt != "graph" and device == "cpu" and cpu_step.load_library() is not None
+        if gpt == "fused" and not fused:
+            raise EngineError(f"the fused GPT step runs on CPUs only, and needs a C compiler: "
+                              f"{cpu_step.unavailable_reason() or 'device ' + device}")
         folder = ensure_onnx(models, onnx_dir)
         manifest = load_manifest(folder)
-        files = {name: folder / f"{name}.onnx" for name in GRAPHS}
+        files = {name: folder / f"{name}.onnx" for name in GRAPHS if not (fused and name in GPT_GRAPHS)}
         step = "gpt_step"
-        if precision == "int8":
+        torch_gpt = None
+        if fused:
+            torch_gpt = Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(models.gpt), "cpu")
+            if precision == "int8":
+                torch_gpt.quantize_int8()
+        elif precision == "int8":
             files[INT8_STEP] = quantize_step_int8(folder)
             del files["gpt_step"]
             step = INT8_STEP
         runner = _OrtRunner(files, device, threads)
         model_id = hashlib.sha256(
             f"{file_fingerprint(models.gpt)}:{file_fingerprint(models.sovits)}".encode()).hexdigest()[:16]
-        log.info("onnx engine: %s on %s (%s), graphs from %s", precision, device, step, folder)
+        log.info("onnx engine: %s on %s (GPT: %s), graphs from %s", precision, device,
+                 "fused CPU step" if fused else step, folder)
         return cls(runner, manifest, device=device, precision=precision, model_id=model_id,
                    hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
-                   step_graph=step)
+                   step_graph=step, gpt=torch_gpt, threads=threads or len(os.sched_getaffinity(0)))

@@ -23,6 +23,7 @@ from engines.base import (
     VoicePrompt,
 )
 from engines.encoders import LazyEncoders
+from engines.gpt_sovits import cpu_step
 from engines.gpt_sovits.checkpoint import file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint
 from engines.gpt_sovits.generate import SYNC_EVERY, BatchDecoder, CudaGraphStep, generate, request_inputs
 from engines.gpt_sovits.gpt import Text2SemanticModel
@@ -139,6 +140,7 @@ class TorchEngine:
             self._owner = threading.get_ident()
             if self.threads:
                 torch.set_num_threads(self.threads)
+                cpu_step.set_threads(self.threads)
         else:
             use_lane_stream(self.device)
 

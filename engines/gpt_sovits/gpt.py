@@ -17,11 +17,13 @@ On CPU the step's layer loop runs as TorchScript: Python's per-op cost was a thi
 
 Precision: fp32 on CPU. On GPU the transformer's linear weights and the cache may be fp16/bf16, while the residual
 stream, layer-norm statistics, embeddings and the output head (hence the logits) stay fp32: half-precision logits are
-known to make GPT-SoVITS stop early. :meth:`Text2SemanticModel.quantize_int8` is an opt-in CPU speed path.
+known to make GPT-SoVITS stop early. :meth:`Text2SemanticModel.quantize_int8` is the CPU speed path: int8 weights
+per output channel (weight-only: activations stay fp32) and a bf16 cache, read by the fused step.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import math
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines.base import BERT_DIM, EOS_TOKEN, ModelFormatError
+from engines.gpt_sovits import cpu_step
 from engines.gpt_sovits.checkpoint import GptCheckpoint
 
 log = logging.getLogger(__name__)
@@ -169,7 +172,9 @@ class Text2SemanticModel(nn.Module):
         self.register_buffer("pe", _sine_table(PE_POSITIONS, d), persistent=False)  # [P, D] fp32
         self.compute_dtype = torch.float32  # dtype of the transformer's linear weights
         self.cache_dtype = torch.float32  # dtype of the KV cache: compute dtype, or bf16 for the int8 CPU path
-        self.quantized = False
+        self.quantized = False  # int8 linears (quantize_int8)
+        self.use_fused = True  # decode with the fused CPU step where it can run (tests turn it off to compare)
+        self._fused: cpu_step.FusedStep | None = None  # the fused step over the current cache, see setup_caches
         self._weights: list[torch.Tensor] = []  # per layer, flat: see _collect_layer_params
         self._packed: list[Any] = []  # per layer, flat: the int8 linears' packed params (quantized only)
         self._view_cache: dict[tuple[int, int, bool], list[torch.Tensor]] = {}  # see _cache_views
@@ -233,28 +238,47 @@ class Text2SemanticModel(nn.Module):
         self.compute_dtype = self.cache_dtype = dtype
         self.eval()
         self.requires_grad_(False)
-        self.kv = []
+        self.kv, self._fused = [], None
         self.max_slots = self.max_len = 0
         return self
 
     def quantize_int8(self) -> Text2SemanticModel:
-        """Opt-in CPU speed path: dynamic int8 quantisation of the transformer's linear layers.
+        """The CPU speed path: int8 transformer linears and a bf16 KV cache; embeddings, norms and the head stay fp32.
 
-        Weights become int8 per output channel, activations are quantised per step; embeddings, norms and the output
-        head stay fp32. The KV cache becomes bf16 (half the attention bytes; attention accumulates in fp32).
-        Greedy tokens can differ from fp32 where the top-2 logit gap is small. Call :meth:`setup_caches` afterwards.
+        Where the fused CPU step runs (:mod:`engines.gpt_sovits.cpu_step`), the weights become int8 per output
+        channel with an fp32 scale (symmetric, 127 levels; ``weight_scale`` beside each ``weight``) and activations
+        stay fp32: weight-only, the weights' rounding is the only one. Without it (no C compiler), torch's dynamic
+        int8 (fbgemm: activations quantised per step too) runs the TorchScript loop. Greedy tokens can differ from
+        fp32 where the top-2 logit gap is small (tests/engines/test_int8_proof.py bounds how much). Call
+        :meth:`setup_caches` afterwards.
         """
         if self.pe.device.type != "cpu":
             raise ValueError("int8 quantisation is a CPU path; move the model to CPU first.")
-        qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-        with warnings.catch_warnings():  # torch marks eager quantisation deprecated in favour of torchao
-            warnings.simplefilter("ignore")
-            self.h = torch.ao.quantization.quantize_dynamic(self.h, {nn.Linear: qconfig}, dtype=torch.qint8)
+        if self.use_fused and cpu_step.load_library() is not None:
+            for blk in self.h.layers:
+                for lin in (blk.self_attn.in_proj, blk.self_attn.out_proj, blk.linear1, blk.linear2):
+                    w = lin.weight.detach().float()
+                    scale = (w.abs().amax(dim=1) / 127).clamp_(min=1e-12)  # [out]
+                    lin.weight = nn.Parameter(torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8),
+                                              requires_grad=False)
+                    lin.register_buffer("weight_scale", scale)
+        else:
+            log.info("int8 without the fused CPU step (%s): torch's dynamic int8", cpu_step.unavailable_reason())
+            qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+            with warnings.catch_warnings():  # torch marks eager quantisation deprecated in favour of torchao
+                warnings.simplefilter("ignore")
+                self.h = torch.ao.quantization.quantize_dynamic(self.h, {nn.Linear: qconfig}, dtype=torch.qint8)
         self.quantized = True
         self.cache_dtype = torch.bfloat16
-        self.kv = []  # the next setup_caches allocates the bf16 cache
+        self.kv, self._fused = [], None  # the next setup_caches allocates the bf16 cache
         self.max_slots = self.max_len = 0
         return self
+
+    @property
+    def int8_weights(self) -> bool:
+        """int8 weights read by the fused step (``quantize_int8`` where that step runs)."""
+        weight = self.h.layers[0].linear1.weight  # a method on torch's dynamic int8 linears
+        return isinstance(weight, torch.Tensor) and weight.dtype == torch.int8
 
     # ------------------------------------------------------------------ cache
 
@@ -264,6 +288,7 @@ class Text2SemanticModel(nn.Module):
         Reallocates only when a larger size is asked for; contents are not preserved then.
         """
         if self.kv and max_slots <= self.max_slots and max_len <= self.max_len:
+            self._choose_step()  # use_fused may have changed
             return
         max_slots, max_len = max(max_slots, self.max_slots), max(max_len, self.max_len)
         cfg, dev = self.config, self.pe.device
@@ -281,22 +306,63 @@ class Text2SemanticModel(nn.Module):
         if max_len > self.pe.shape[0]:
             self.pe = _sine_table(max_len, cfg.dim).to(dev)
         self.max_slots, self.max_len = max_slots, max_len
-        self._weights, self._packed = self._collect_layer_params()
         self._view_cache.clear()
-        log.debug("GPT KV cache: %d slots x %d positions (%s)", max_slots, max_len, self.cache_dtype)
+        self._choose_step()
+        log.debug("GPT KV cache: %d slots x %d positions (%s, %s step)", max_slots, max_len, self.cache_dtype,
+                  "fused" if self._fused is not None else "TorchScript")
+
+    def _choose_step(self) -> None:
+        """The fused step where it runs, else the layer loop's parameter lists."""
+        self._fused = self._fused_step()
+        self._weights, self._packed = self._collect_layer_params() if self._fused is None else ([], [])
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Text2SemanticModel:
+        """A copy with its own cache; its fused step is made anew over that cache (C pointers are not copied)."""
+        fused, self._fused = self._fused, None
+        try:
+            state = copy.deepcopy(self.__dict__, memo)
+        finally:
+            self._fused = fused
+        new = type(self).__new__(type(self))
+        new.__dict__.update(state)
+        new._fused = new._fused_step() if fused is not None and new.kv else None
+        return new
+
+    def _fused_step(self, lib: Any = None) -> cpu_step.FusedStep | None:
+        """The fused CPU step over the current cache, where it can run (CPU, fp32 or int8 weights, the library;
+        ``lib``: another build of it, for tests)."""
+        if (not self.use_fused or self.pe.device.type != "cpu" or self.compute_dtype != torch.float32
+                or (self.quantized and not self.int8_weights)):
+            return None
+        lib = lib or cpu_step.load_library()
+        if lib is None:
+            log.info("the GPT decodes with the TorchScript step: %s", cpu_step.unavailable_reason())
+            return None
+        layers = []
+        for blk in self.h.layers:
+            lins = (blk.self_attn.in_proj, blk.self_attn.out_proj, blk.linear1, blk.linear2)
+            layers.append(([(lin.weight.detach(), getattr(lin, "weight_scale", None), lin.bias.detach())
+                            for lin in lins],
+                           [(blk.norm1.weight.detach(), blk.norm1.bias.detach()),
+                            (blk.norm2.weight.detach(), blk.norm2.bias.detach())]))
+        return cpu_step.FusedStep(lib, layers, self.kv, dim=self.config.dim, heads=self.config.heads,
+                                  ffn=self.config.ffn, eps=LN_EPS)
 
     def _collect_layer_params(self) -> tuple[list[torch.Tensor], list[Any]]:
         """The layers' parameters as :func:`_decode_layers` reads them (flat lists, layer after layer).
 
-        Tensors: per layer the four linears' (weight, bias) then both norms' (weight, bias), 12 per layer; with int8
-        weights only the norms (4 per layer), and the four linears' packed params go in the second list.
+        Tensors: per layer the four linears' (weight, bias) then both norms' (weight, bias), 12 per layer; with
+        torch's dynamic int8 only the norms (4 per layer), and the four linears' packed params go in the second list.
+        The fused step's int8 weights are given dequantised (fp32 copies: the reference loop its tests compare with).
         """
         weights: list[torch.Tensor] = []
         packed: list[Any] = []
         for blk in self.h.layers:
             lins = (blk.self_attn.in_proj, blk.self_attn.out_proj, blk.linear1, blk.linear2)
-            if self.quantized:
+            if self.quantized and not self.int8_weights:
                 packed.extend(lin._packed_params._packed_params for lin in lins)
+            elif self.quantized:
+                weights.extend(t for lin in lins for t in (lin.weight.float() * lin.weight_scale[:, None], lin.bias))
             else:
                 weights.extend(t for lin in lins for t in (lin.weight, lin.bias))
             weights.extend((blk.norm1.weight, blk.norm1.bias, blk.norm2.weight, blk.norm2.bias))
@@ -320,9 +386,16 @@ class Text2SemanticModel(nn.Module):
         """Layer norm with fp32 statistics."""
         return F.layer_norm(x.float(), ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
+    @staticmethod
+    def _linear(lin: nn.Linear | nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """``lin(x)``, also for the fused step's int8 weights (scaled after the product: no fp32 weight copy)."""
+        if isinstance(lin.weight, torch.Tensor) and lin.weight.dtype == torch.int8:
+            return torch.addcmul(lin.bias, F.linear(x, lin.weight.to(x.dtype)), lin.weight_scale)
+        return lin(x)
+
     def _ffn(self, blk: _Block, x: torch.Tensor) -> torch.Tensor:
         """ReLU MLP in the compute dtype; ``x`` is the fp32 residual stream."""
-        return blk.linear2(F.relu(blk.linear1(x.to(self.compute_dtype))))
+        return self._linear(blk.linear2, F.relu(self._linear(blk.linear1, x.to(self.compute_dtype))))
 
     def prefill(self, slot: int, phones: torch.Tensor, bert: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
         """Run the whole input of one request and write its K/V into cache row ``slot``.
@@ -357,7 +430,7 @@ class Text2SemanticModel(nn.Module):
         h = x  # [1, S, D] fp32 residual stream
         n_layers = len(self.h.layers)
         for i, blk in enumerate(self.h.layers):
-            qkv = blk.self_attn.in_proj(h.to(self.compute_dtype))  # [1, S, 3D]
+            qkv = self._linear(blk.self_attn.in_proj, h.to(self.compute_dtype))  # [1, S, 3D]
             q, k, v = qkv.view(s, 3, cfg.heads, cfg.head_dim).permute(1, 2, 0, 3).unbind(0)  # [H, S, hd] each
             self.kv[i][0, slot, :, :s] = k
             self.kv[i][1, slot, :, :s] = v
@@ -365,7 +438,7 @@ class Text2SemanticModel(nn.Module):
             if i == n_layers - 1:  # only the last position's output feeds the logits
                 q, h, mask = q[:, -1:], h[:, -1:], allowed[-1:]
             a = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask)  # [1, H, s', hd]
-            a = blk.self_attn.out_proj(a.transpose(1, 2).reshape(1, -1, cfg.dim))
+            a = self._linear(blk.self_attn.out_proj, a.transpose(1, 2).reshape(1, -1, cfg.dim))
             h = self._norm(h + a.float(), blk.norm1)
             h = self._norm(h + self._ffn(blk, h).float(), blk.norm2)
         self.text_len[slot] = tx
@@ -394,6 +467,11 @@ class Text2SemanticModel(nn.Module):
         rows = self._rows[:b] if slots is None else slots
         pe_pos = (positions - self.text_len[rows]).clamp_(min=0)  # token index in the audio stream
         h = self.ar_audio_embedding.word_embeddings(tokens) + self.ar_audio_position.alpha * self.pe[pe_pos]  # [B, D]
+        if self._fused is not None:  # every layer in one C call, by row groups (it attends to [0, position])
+            for r in range(0, b, cpu_step.MAX_ROWS):
+                h[r: r + cpu_step.MAX_ROWS] = self._fused(h[r: r + cpu_step.MAX_ROWS].contiguous(),
+                                                          rows[r: r + cpu_step.MAX_ROWS], positions[r: r + cpu_step.MAX_ROWS])
+            return self.ar_predict_layer(h)
         # [B, 1, 1, kv_len] additive mask: 0 up to each row's length, -inf beyond (cheaper than a bool mask)
         mask = torch.zeros(b, 1, 1, kv_len, dtype=self.cache_dtype, device=tokens.device).masked_fill_(
             (self._cols[:kv_len] > positions[:, None])[:, None, None, :], float("-inf"))
@@ -477,7 +555,7 @@ def _decode_layers(
             f = torch.ops.quantized.linear_relu_dynamic(h, packed[4 * i + 2], True)
             f = torch.ops.quantized.linear_dynamic(f, packed[4 * i + 3], True)
         else:
-            a = F.linear(a.reshape(b, d), weights[w + 2], weights[w + 3])
+            a = F.linear(a.reshape(b, d).to(weights[w + 2].dtype), weights[w + 2], weights[w + 3])
             h = F.layer_norm(a.float().add_(h), [d], g1, b1, eps)
             f = F.relu(F.linear(h.to(weights[w + 4].dtype), weights[w + 4], weights[w + 5]))
             f = F.linear(f, weights[w + 6], weights[w + 7]).float()

@@ -1,0 +1,143 @@
+"""The fused CPU decode step (engines/gpt_sovits/cpu_step.c): built once per CPU and cached, the same numbers with
+one thread or two and on CPUs without AVX2 (its portable path), and the TorchScript step where no compiler exists.
+
+Its conformance against upstream is the GPT's (test_gpt_decode.py and the golden tests run it, as the CPU default),
+and its int8 is proven in test_int8_proof.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+
+import pytest
+import torch
+
+from engines.gpt_sovits import cpu_step
+from engines.gpt_sovits.gpt import Text2SemanticModel, build_random_gpt
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+if cpu_step.load_library() is None:
+    pytest.skip(f"the fused CPU step cannot be built here: {cpu_step.unavailable_reason()}", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def gpt() -> Text2SemanticModel:
+    return build_random_gpt("tiny", seed=3)
+
+
+def _decode(model: Text2SemanticModel, lib=None, steps: int = 5, fused: bool = True) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Prefill two rows, then decode them together (by slot index): ``[steps, 2, vocab]`` logits."""
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        model.setup_caches(3, 128)
+        if lib is not None:
+            model._fused = model._fused_step(lib)
+        assert (model._fused is not None) == fused
+        starts = []
+        for slot, n in ((0, 17), (2, 29)):
+            phones = torch.randint(1, 700, (n,), generator=g)
+            prompt = torch.randint(0, 1024, (n // 2,), generator=g)
+            model.prefill(slot, phones, torch.randn(1024, n, generator=g) * 0.1, prompt)
+            starts.append(n + n // 2)
+        out = []
+        for i in range(steps):
+            pos = torch.tensor([starts[0] + i, starts[1] + i])
+            out.append(model.decode_step(torch.tensor([4 + i, 900 - i]), pos, torch.tensor([0, 2]), 64))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_two_threads_compute_the_same_numbers(gpt: Text2SemanticModel, precision: str) -> None:
+    """Threads split output rows and attention heads, never a sum: the result is bit-identical."""
+    model = copy.deepcopy(gpt)
+    if precision == "int8":
+        model.quantize_int8()
+    try:
+        assert cpu_step.set_threads(1) == 1
+        one = _decode(copy.deepcopy(model))
+        assert cpu_step.set_threads(2) == 2
+        two = _decode(copy.deepcopy(model))
+    finally:
+        cpu_step.set_threads(1)
+    assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_portable_path_equals_the_avx2_path(gpt: Text2SemanticModel, precision: str, tmp_path) -> None:
+    """A CPU without AVX2/FMA runs the C fallback loops: the same maths, fp32 summation order apart (int8 also
+    writes its cache in bf16, where a last-bit difference can round a value to the neighbouring bf16: measured
+    3.8e-4 at most on logits of about 3)."""
+    cc = cpu_step.find_compiler()
+    assert cc is not None
+    portable = cpu_step.build_library(cc, (*cpu_step.CFLAGS, "-mno-avx2", "-mno-fma", "-mno-avx"), tmp_path)
+    model = copy.deepcopy(gpt)
+    if precision == "int8":
+        model.quantize_int8()
+    fast = _decode(copy.deepcopy(model))
+    slow = _decode(copy.deepcopy(model), portable)
+    torch.testing.assert_close(slow, fast, atol=2e-5 if precision == "fp32" else 2e-3, rtol=0)
+
+
+def test_built_once_per_cpu_and_compiler(tmp_path) -> None:
+    """The build is cached under a name that covers source, compiler, flags and CPU; a second load reuses it."""
+    cc = cpu_step.find_compiler()
+    assert cc is not None
+    cpu_step.build_library(cc, directory=tmp_path)
+    (built,) = tmp_path.glob("cpu_step-*.so")
+    stamp = built.stat().st_mtime_ns
+    cpu_step.build_library(cc, directory=tmp_path)
+    assert list(tmp_path.glob("cpu_step-*.so")) == [built] and built.stat().st_mtime_ns == stamp
+    cpu_step.build_library(cc, (*cpu_step.CFLAGS, "-DVB_STALL_NS=1000000"), tmp_path)  # other flags: another file
+    assert len(list(tmp_path.glob("cpu_step-*.so"))) == 2
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_a_failing_compiler_is_an_os_error_with_its_message(tmp_path) -> None:
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake 1.0; exit 0; fi\necho 'no room' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(OSError, match="no room"):
+        cpu_step.build_library(str(fake), directory=tmp_path / "k")
+    assert not list((tmp_path / "k").glob("*"))  # no half-written library left
+
+
+def test_without_a_compiler_the_model_decodes_with_torchscript(gpt: Text2SemanticModel, monkeypatch, caplog) -> None:
+    """No compiler (or VOICEBOT_FUSED_STEP=0): the log says why and how to fix it, and decoding still works, with
+    the same logits."""
+    fused = _decode(copy.deepcopy(gpt))
+    monkeypatch.setattr(cpu_step, "load_library", lambda: None)
+    monkeypatch.setattr(cpu_step, "_reason", "no C compiler found (install gcc: apt-get install gcc)")
+    with caplog.at_level(logging.INFO, logger="engines.gpt_sovits.gpt"):
+        plain = _decode(copy.deepcopy(gpt), fused=False)
+    assert "TorchScript step: no C compiler found (install gcc" in caplog.text
+    torch.testing.assert_close(plain, fused, atol=1e-5, rtol=0)
+
+
+def test_kernel_dir_follows_the_environment(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("VOICEBOT_KERNEL_DIR", str(tmp_path / "k"))
+    assert cpu_step.kernel_dir() == tmp_path / "k"
+    monkeypatch.delenv("VOICEBOT_KERNEL_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "c"))
+    assert cpu_step.kernel_dir() == tmp_path / "c" / "voicebot" / "kernels"
+    assert os.environ.get("VOICEBOT_KERNEL_DIR") is None
+
+
+def test_an_idle_team_sleeps(gpt: Text2SemanticModel) -> None:
+    """Between utterances the worker thread blocks: an idle bot must not keep a core busy (a spinning worker would
+    use about 0.5 s of CPU in the half second measured)."""
+    import time
+
+    try:
+        cpu_step.set_threads(2)
+        _decode(copy.deepcopy(gpt))
+        time.sleep(0.3)  # past the worker's spin, yield and nap phases
+        cpu0 = time.process_time()
+        time.sleep(0.5)
+        assert time.process_time() - cpu0 < 0.1
+        again = _decode(copy.deepcopy(gpt))  # and it wakes for the next step
+    finally:
+        cpu_step.set_threads(1)
+    torch.testing.assert_close(again, _decode(copy.deepcopy(gpt)), atol=0, rtol=0)
