@@ -129,7 +129,7 @@ def read_bandwidth_gb_s(threads: int) -> float:
     The batch-1 GPT step reads every weight once, so this over the weights' bytes is the floor of its time."""
     import torch
 
-    from engines.loader import cpu_threads
+    from engines.runtime import cpu_threads
 
     before = torch.get_num_threads()
     torch.set_num_threads(cpu_threads(threads))
@@ -372,7 +372,7 @@ def _accuracy_in_process(backend: str, precisions: list[str], models: dict[str, 
                          steps: int, threads: int) -> list[AccuracyRow]:
     """Each lower precision of ``backend`` against its fp32, teacher-forced along fp32's argmax path."""
     from engines.gpt_sovits.generate import request_inputs
-    from engines.loader import set_cpu_threads
+    from engines.runtime import set_cpu_threads
 
     set_cpu_threads(threads)
     (req,) = _requests(1, steps, np.random.default_rng(0))
@@ -501,7 +501,7 @@ def _bench_engine(engine: str, precision: str, models: dict[str, str], tmp: str,
                   latency: bool, steps: int, device: str, threads: int, gin: int) -> list[Row]:
     """One engine at one precision and batch size: decode tokens/s, and (``latency``) ttfa, RTF and the vocoder's
     RTF, in a process of its own."""
-    from engines.loader import set_cpu_threads
+    from engines.runtime import set_cpu_threads
 
     if device == "cpu":
         set_cpu_threads(threads)

@@ -27,7 +27,7 @@ from engines.base import (
 from engines.loader import load_engine
 
 if TYPE_CHECKING:
-    from engines.export import build_engines
+    from engines.build import build_engines
     from engines.gpt_sovits.tiny import write_model_set
 
 __all__ = [
@@ -41,7 +41,7 @@ __all__ = [
     "load_engine", "build_engines", "write_model_set",
 ]
 
-_LAZY = {"build_engines": "engines.export", "write_model_set": "engines.gpt_sovits.tiny"}  # name -> module (torch)
+_LAZY = {"build_engines": "engines.build", "write_model_set": "engines.gpt_sovits.tiny"}  # name -> module (torch)
 
 
 def __getattr__(name: str) -> Any:

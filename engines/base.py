@@ -190,13 +190,8 @@ class Engine(Protocol):
         """Chinese BERT features: ``[1024, sum(word2ph)]`` float32."""
         ...
 
-    def generate_semantic(
-        self,
-        requests: Sequence[SemanticRequest],
-        on_chunk: ChunkCallback | None = None,
-        should_stop: StopFlag | None = None,
-    ) -> list[np.ndarray]:
-        """Run the GPT for a batch of sentences; returns the new semantic tokens ``[Ts]`` int64 per request."""
+    def bind_thread(self) -> None:
+        """Called once by each thread that will run this engine (CPU thread counts; a CUDA stream on a GPU)."""
         ...
 
     def open_batch(self, on_chunk: ChunkCallback | None = None) -> SemanticBatch:

@@ -27,7 +27,6 @@ at speed 1 it is ``2 Ts`` and the linear resize is the identity.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -36,21 +35,22 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engines.base import BERT_DIM, EngineError
+from engines.base import BERT_DIM, EngineError, ModelPaths
 from engines.gpt_sovits import sovits_modules
-from engines.gpt_sovits.checkpoint import file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint
+from engines.gpt_sovits.checkpoint import (file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint, model_id,
+                                          require_model_files)
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.gpt_sovits.sovits import SSL_DIM, SoVITSDecoder
 
 log = logging.getLogger(__name__)
 
-__all__ = ["export_onnx", "check_graphs", "build_engines", "ensure_onnx", "GRAPHS", "TRT_SUPPORTED_OPS"]
+__all__ = ["export_onnx", "check_graphs", "ensure_onnx", "GRAPHS", "TRT_SUPPORTED_OPS"]
 
 DEFAULT_OPSET = 17  # LayerNormalization is native from 17; TensorRT 10 parses opsets 9..20
 MANIFEST = "manifest.json"
@@ -75,11 +75,6 @@ Upsample Where Xor
 """.split())
 # Ops that must never be in our graphs even though TensorRT parses them (randomness belongs to the caller).
 FORBIDDEN_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "STFT", "DFT"})
-
-
-class ModelPaths(Protocol):
-    gpt: Path
-    sovits: Path
 
 
 # --------------------------------------------------------------------------------------------------- GPT graphs
@@ -355,8 +350,7 @@ def _manifest(gpt: Text2SemanticModel, sovits: SoVITSDecoder, gpt_ckpt: Any, sov
 
 def model_key(models: ModelPaths) -> str:
     """Folder name of a checkpoint pair's export: a hash of both files' fingerprints."""
-    ident = f"{file_fingerprint(models.gpt)}:{file_fingerprint(models.sovits)}:{MANIFEST_FORMAT}"
-    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+    return model_id(models, str(MANIFEST_FORMAT))
 
 
 def ensure_onnx(models: ModelPaths, onnx_dir: str | os.PathLike[str], opset: int = DEFAULT_OPSET) -> Path:
@@ -367,10 +361,7 @@ def ensure_onnx(models: ModelPaths, onnx_dir: str | os.PathLike[str], opset: int
     EngineError
         a checkpoint file is missing, or the export fails.
     """
-    for label, path in (("GPT", models.gpt), ("SoVITS", models.sovits)):
-        if not Path(path).is_file():
-            raise EngineError(f"the {label} model file {path} does not exist: run `python -m bot models download`, "
-                              f"or point models.{label.lower()} in config.yaml at your file")
+    require_model_files(models)
     folder = Path(onnx_dir) / model_key(models)
     if (folder / MANIFEST).is_file() and all((folder / f"{n}.onnx").is_file() for n in GRAPHS):
         return folder
@@ -509,82 +500,3 @@ def check_graphs(directory: str | os.PathLike[str], names: tuple[str, ...] = GRA
     if problems:
         raise EngineError("ONNX graph check failed in " + str(folder) + ":\n  " + "\n  ".join(problems))
     return result
-
-
-# -------------------------------------------------------------------------------------------------- engines build
-
-
-class _EngineSettings(Protocol):
-    backend: str
-    device: str
-    precision: str
-    max_batch: int
-    onnx_dir: Path
-    tensorrt_dir: Path
-    tensorrt_workspace_mb: int
-
-
-def build_engines(engine_cfg: _EngineSettings, models_cfg: ModelPaths, backend: str | None = None) -> dict[str, Path]:
-    """``python -m bot engines build``: export the ONNX graphs if missing, check them, build TensorRT engines.
-
-    Parameters
-    ----------
-    engine_cfg:
-        the ``engine`` config section (``onnx_dir``, ``tensorrt_dir``, ``tensorrt_workspace_mb``, ``max_batch``...).
-    models_cfg:
-        the ``models`` config section (``gpt``, ``sovits``).
-    backend:
-        ``"onnx"``: graphs only; ``"tensorrt"``: graphs and engines (fails if TensorRT is missing);
-        None: graphs, and engines when TensorRT is installed and a CUDA GPU is usable.
-
-    Returns
-    -------
-    dict
-        what was produced: graph names -> ONNX paths, and ``"trt:<graph>"`` -> engine paths.
-    """
-    from tqdm import tqdm
-
-    steps = ["export", "check"]
-    want_int8 = getattr(engine_cfg, "precision", "") == "int8"
-    if want_int8:
-        steps.append("int8")
-    produced: dict[str, Path] = {}
-    with tqdm(total=len(steps), desc="ONNX", unit="step") as bar:
-        bar.set_postfix_str("exporting (once per model pair)")
-        folder = ensure_onnx(models_cfg, engine_cfg.onnx_dir)
-        bar.update()
-        bar.set_postfix_str("checking graphs")
-        check_graphs(folder)
-        bar.update()
-        if want_int8:
-            bar.set_postfix_str("int8 step graph")
-            produced[INT8_STEP] = quantize_step_int8(folder)
-            bar.update()
-    produced.update({n: folder / f"{n}.onnx" for n in GRAPHS})
-    log.info("ONNX graphs ready in %s", folder)
-    if backend == "onnx":
-        return produced
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError:
-        msg = (f"TensorRT is not installed, so no TensorRT engines were built (the ONNX graphs are ready in {folder} "
-               "and run with engine.backend: onnx). To build engines: on a machine with an NVIDIA GPU and CUDA 12, "
-               "`pip install tensorrt` (10.x), then run `python -m bot engines build --backend tensorrt`.")
-        if backend == "tensorrt":
-            raise EngineError(msg) from None
-        log.warning("%s", msg)
-        return produced
-    if not torch.cuda.is_available():
-        msg = f"no CUDA GPU is usable here, so no TensorRT engines were built (the ONNX graphs are ready in {folder})"
-        if backend == "tensorrt":
-            raise EngineError(msg + "; build on the machine that will run them")
-        log.warning("%s", msg)
-        return produced
-    from engines.tensorrt_engine import build_trt_engines
-
-    device = engine_cfg.device if engine_cfg.device.startswith("cuda:") else "cuda:0"
-    engines = build_trt_engines(folder, engine_cfg.tensorrt_dir, device=device,
-                                workspace_mb=engine_cfg.tensorrt_workspace_mb, max_batch=engine_cfg.max_batch,
-                                progress=True)
-    produced.update({f"trt:{k}": v for k, v in engines.items()})
-    return produced

@@ -9,7 +9,7 @@ cache's memory and bandwidth.
 
 Running uses the named-tensor API only: ``set_input_shape`` + ``set_tensor_address`` on torch CUDA tensors, then
 ``execute_async_v3`` on the current torch stream, so TensorRT work and the torch sampler are ordered without a sync.
-The decode loop, cache handling and the Engine surface are :class:`engines.onnx_engine.GraphEngine`'s.
+The decode loop, cache handling and the Engine surface are :class:`engines.graph_engine.GraphEngine`'s.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from engines.base import ModelPaths, BERT_DIM, EngineError
 from engines.export import GRAPHS, ensure_onnx, load_manifest
-from engines.gpt_sovits.checkpoint import file_fingerprint
-from engines.onnx_engine import GraphEngine, refuse_v2pro, sovits_family
-from engines.torch_engine import MAX_CONTEXT
+from engines.gpt_sovits.checkpoint import file_fingerprint, model_id
+from engines.graph_engine import GraphEngine, refuse_v2pro, sovits_family
+from engines.gpt_sovits.generate import MAX_CONTEXT
 
 log = logging.getLogger(__name__)
 
@@ -290,8 +290,6 @@ class TensorRTEngine(GraphEngine):
         folder = ensure_onnx(models, onnx_dir)
         plans = build_trt_engines(folder, trt_dir, device=device, workspace_mb=workspace_mb, max_batch=max_batch)
         runner = _TrtRunner(plans, device)
-        model_id = hashlib.sha256(
-            f"{file_fingerprint(models.gpt)}:{file_fingerprint(models.sovits)}".encode()).hexdigest()[:16]
         log.info("tensorrt engine: fp16 on %s, engines in %s", device, trt_dir)
-        return cls(runner, load_manifest(folder), device=device, precision="fp16", model_id=model_id,
+        return cls(runner, load_manifest(folder), device=device, precision="fp16", model_id=model_id(models),
                    hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch)

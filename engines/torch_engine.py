@@ -2,74 +2,29 @@
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import logging
 import threading
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from engines.base import (
-    ModelPaths,
-    MAX_DECODE_STEPS,
-    ChunkCallback,
-    EngineError,
-    SemanticBatch,
-    SemanticRequest,
-    StopFlag,
-    VoicePrompt,
-)
+from engines.base import ModelPaths, ChunkCallback, EngineError, SemanticBatch, VoicePrompt
 from engines.encoders import LazyEncoders
 from engines.gpt_sovits import cpu_step
-from engines.gpt_sovits.checkpoint import file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint
-from engines.gpt_sovits.generate import SYNC_EVERY, BatchDecoder, CudaGraphStep, generate, request_inputs
+from engines.gpt_sovits.checkpoint import (file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint, model_id,
+                                          require_model_files)
+from engines.gpt_sovits.generate import MAX_CONTEXT, SYNC_EVERY, BatchDecoder, CudaGraphStep, SlotBatch
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.gpt_sovits.sovits import SoVITSDecoder, mean_style
 from engines.gpt_sovits.spectrogram import reference_spec_input
 from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice
-from engines.loader import use_lane_stream
+from engines.runtime import use_lane_stream
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-MAX_CONTEXT = 2048  # KV positions per slot: prompt phones + text + prompt tokens + generated tokens (grows if needed)
-
-
-
-class SlotBatch:
-    """Adapter from the Engine's SemanticBatch protocol to the GPT's BatchDecoder."""
-
-    def __init__(self, decoder: BatchDecoder) -> None:
-        self._decoder = decoder
-
-    @property
-    def active(self) -> int:
-        return len(self._decoder.active)
-
-    @property
-    def capacity(self) -> int:  # noqa: D102
-        return self._decoder.max_slots
-
-    def add(self, request_id: int, request: SemanticRequest) -> None:
-        phones, bert, prompt = request_inputs(request)
-        params = request.params
-        room = self._decoder.max_len - len(phones) - len(prompt) - 1  # steps that fit in the cache
-        if room < 1:
-            raise EngineError(f"the sentence is too long for the GPT ({len(phones)} phones with the prompt); "
-                              f"split it into shorter sentences")
-        if params.early_stop_num < 0 or params.early_stop_num > room:
-            params = dataclasses.replace(params, early_stop_num=min(room, MAX_DECODE_STEPS - 1)
-                                         if params.early_stop_num < 0 else room)
-        self._decoder.add(request_id, phones, bert, prompt, params)
-
-    def step(self) -> list[tuple[int, np.ndarray]]:
-        return self._decoder.step()
-
-    def cancel(self, request_id: int) -> None:
-        self._decoder.cancel(request_id)
 
 
 class TorchEngine:
@@ -103,10 +58,7 @@ class TorchEngine:
     def from_files(cls, models: ModelPaths, *, device: str = "cpu", precision: str = "fp32", max_batch: int = 8,
                    cuda_graphs: bool = True, threads: int = 0) -> TorchEngine:
         """Load the GPT and SoVITS checkpoints (HuBERT, BERT and a v2Pro SoVITS's SV model load on first use)."""
-        for label, path in (("GPT", models.gpt), ("SoVITS", models.sovits)):
-            if not Path(path).is_file():
-                raise EngineError(f"the {label} model file {path} does not exist: run `python -m bot models "
-                                  f"download`, or point models.{label.lower()} in config.yaml at your file")
+        require_model_files(models)
         int8 = precision == "int8"
         dtype = DTYPES.get(precision, torch.float32)
         gpt = Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(models.gpt), device, dtype)
@@ -114,7 +66,7 @@ class TorchEngine:
             gpt.quantize_int8()
         sovits = SoVITSDecoder.from_checkpoint(load_sovits_checkpoint(models.sovits), device,
                                                torch.float32 if int8 else dtype)
-        ident = f"{file_fingerprint(models.gpt)}:{file_fingerprint(models.sovits)}"
+        more: list[str] = []
         sv_path: Path | None = None
         if sovits.cfg.is_v2pro:  # its voices' style depends on the SV model too, so it is part of the identity
             sv = getattr(models, "sv", None)
@@ -124,9 +76,8 @@ class TorchEngine:
                                   "exist): download it from upstream's pretrained set (Hugging Face "
                                   "lj1995/GPT-SoVITS, folder sv/) and point models.sv in config.yaml at it")
             sv_path = Path(sv)
-            ident += f":{file_fingerprint(sv_path)}"
-        model_id = hashlib.sha256(ident.encode()).hexdigest()[:16]
-        return cls(gpt, sovits, device=device, precision=precision, model_id=model_id,
+            more.append(file_fingerprint(sv_path))
+        return cls(gpt, sovits, device=device, precision=precision, model_id=model_id(models, *more),
                    hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
                    cuda_graphs=cuda_graphs, threads=threads, sv_path=sv_path)
 
@@ -203,6 +154,10 @@ class TorchEngine:
         self._check_thread()
         return self.encoders.bert().features(norm_text, word2ph)
 
+    def new_gpt(self) -> Text2SemanticModel:
+        """The GPT a decode batch drives (one cache: one batch at a time, as the device worker runs them)."""
+        return self.gpt
+
     def open_batch(self, on_chunk: ChunkCallback | None = None) -> SemanticBatch:
         self._check_thread()
         # A host read costs nothing on the CPU, so check for EOS every step there (no wasted steps).
@@ -211,10 +166,6 @@ class TorchEngine:
         if self.cuda_graphs:
             decoder.run_step = CudaGraphStep(decoder)
         return SlotBatch(decoder)
-
-    def generate_semantic(self, requests: Sequence[SemanticRequest], on_chunk: ChunkCallback | None = None,
-                          should_stop: StopFlag | None = None) -> list[np.ndarray]:
-        return generate(self.gpt, requests, on_chunk=on_chunk, should_stop=should_stop, max_slots=self.max_batch)
 
     @torch.inference_mode()
     def decode(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,

@@ -376,7 +376,7 @@ def teacher_forced_logits(gpt: Any, phones: np.ndarray, bert: np.ndarray, prompt
 
     from engines.gpt_sovits.gpt import KV_BUCKET
 
-    dev = gpt.pe.device
+    dev = gpt.device
     need = len(phones) + len(prompt) + len(fed) + 1
     kv_len = -(-need // KV_BUCKET) * KV_BUCKET  # the decoder's bucketed attention length
     with torch.inference_mode():

@@ -28,7 +28,7 @@ from typing import Any, cast
 
 import torch
 
-from engines.base import ModelFormatError
+from engines.base import EngineError, ModelFormatError
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,8 @@ __all__ = [
     "load_sovits_checkpoint",
     "load_sv_checkpoint",
     "file_fingerprint",
+    "model_id",
+    "require_model_files",
     "HParams",
 ]
 
@@ -365,6 +367,21 @@ def file_fingerprint(path: str | os.PathLike[str]) -> str:
     with _fingerprints_lock:
         _fingerprints[key] = value
     return value
+
+
+def require_model_files(models: Any) -> None:
+    """The GPT and SoVITS files of ``models`` (a :class:`~engines.base.ModelPaths`) exist, or an error with the fix."""
+    for label, path in (("GPT", models.gpt), ("SoVITS", models.sovits)):
+        if not Path(path).is_file():
+            raise EngineError(f"the {label} model file {path} does not exist: run `python -m bot models download`, "
+                              f"or point models.{label.lower()} in config.yaml at your file")
+
+
+def model_id(models: Any, *more: str) -> str:
+    """The id of what a model pair computes (16 hex digits): a hash of the GPT's and the SoVITS's fingerprints and
+    ``more`` (another file's fingerprint that changes the output, or a format version)."""
+    ident = ":".join([file_fingerprint(models.gpt), file_fingerprint(models.sovits), *more])
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
 def _load_torch_file(path: Path, kind: str) -> Any:

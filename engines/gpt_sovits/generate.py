@@ -17,24 +17,48 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Hashable, Sequence
+import dataclasses
+from typing import Callable, Hashable, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from engines.base import MAX_DECODE_STEPS, EngineError, SamplingParams, SemanticRequest
-from engines.gpt_sovits.gpt import KV_BUCKET, Text2SemanticModel
+from engines.gpt_sovits.gpt import KV_BUCKET, GptConfig
 from engines.gpt_sovits.sampling import SamplerState, sample_step
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BatchDecoder", "CudaGraphStep", "generate", "request_inputs", "SYNC_EVERY"]
+__all__ = ["BatchDecoder", "CudaGraphStep", "DecodeModel", "SlotBatch", "generate", "request_inputs", "MAX_CONTEXT",
+           "SYNC_EVERY"]
 
 SYNC_EVERY = 8  # decode steps between host reads of the EOS flags
 GENERATE_MAX_SLOTS = 16  # generate(): rows decoded at once; further requests wait for a free slot
 _LEN_ROUND = 256  # generate(): cache length rounded up to this many positions (fewer reallocations)
 
+MAX_CONTEXT = 2048  # KV positions per slot: prompt phones + text + prompt tokens + generated tokens
+
 TokenHook = Callable[[Hashable, np.ndarray], None]
+
+
+class DecodeModel(Protocol):
+    """What :class:`BatchDecoder` needs from a GPT: the torch model, or the graph engines' :class:`GraphGpt`."""
+
+    config: GptConfig
+    max_len: int  # cache positions per row, as sized by the last setup_caches
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def bert_dim(self) -> int: ...
+
+    def setup_caches(self, max_slots: int, max_len: int) -> None: ...
+
+    def prefill(self, slot: int, phones: torch.Tensor, bert: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor: ...
+
+    def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None = None,
+                    kv_len: int = 0) -> torch.Tensor: ...
 
 
 @dataclass
@@ -53,7 +77,7 @@ class _Row:
 
 
 class BatchDecoder:
-    """Continuous-batching decoder over a :class:`Text2SemanticModel`'s static KV cache.
+    """Continuous-batching decoder over a GPT's static KV cache (a :class:`DecodeModel`).
 
     Parameters
     ----------
@@ -72,7 +96,7 @@ class BatchDecoder:
 
     def __init__(
         self,
-        model: Text2SemanticModel,
+        model: DecodeModel,
         max_slots: int,
         max_len: int,
         on_chunk: TokenHook | None = None,
@@ -86,7 +110,7 @@ class BatchDecoder:
         self.on_chunk, self.sync_every, self.bucket_rows = on_chunk, max(1, sync_every), bucket_rows
         with torch.inference_mode():
             model.setup_caches(max_slots, max_len)
-            dev, v = model.pe.device, model.config.vocab
+            dev, v = model.device, model.config.vocab
             long = dict(dtype=torch.long, device=dev)
             self.tokens = torch.zeros(max_slots, MAX_DECODE_STEPS + 1, **long)  # [slots, 1501]; last col scratch
             self.seen = torch.zeros(max_slots, v, dtype=torch.bool, device=dev)  # [slots, V] repetition mask
@@ -142,8 +166,8 @@ class BatchDecoder:
         tx, tp = int(len(phones)), int(len(prompt_tokens))
         if tx == 0:
             raise EngineError("a GPT request needs at least one phone; the sentence produced no phones")
-        if bert.shape != (self.model.bert_proj.in_features, tx):
-            raise ValueError(f"bert must be [1024, {tx}], got {list(bert.shape)}")
+        if bert.shape != (self.model.bert_dim, tx):
+            raise ValueError(f"bert must be [{self.model.bert_dim}, {tx}], got {list(bert.shape)}")
         esn = params.early_stop_num
         last_step = MAX_DECODE_STEPS - 1 if esn < 0 else min(MAX_DECODE_STEPS - 1, esn)
         if tx + tp + last_step + 1 > self.max_len:
@@ -152,7 +176,7 @@ class BatchDecoder:
                 f"{last_step + 1} steps) but the decoder has {self.max_len}; raise max_len or shorten the sentence"
             )
         slot = min(set(range(self.max_slots)) - set(self._rows))
-        dev = self.model.pe.device
+        dev = self.model.device
         prompt = torch.as_tensor(np.asarray(prompt_tokens, dtype=np.int64), device=dev)
         logits = self.model.prefill(
             slot,
@@ -320,7 +344,7 @@ class CudaGraphStep:
 
 
 def generate(
-    model: Text2SemanticModel,
+    model: DecodeModel,
     requests: Sequence[SemanticRequest],
     on_chunk: Callable[[int, np.ndarray], None] | None = None,
     should_stop: Callable[[int], bool] | None = None,
@@ -342,7 +366,7 @@ def generate(
     need = max(len(ph) + len(pt) + _steps_cap(r.params) for r, (ph, _, pt) in zip(requests, inputs))
     max_len = max(model.max_len, -(-need // _LEN_ROUND) * _LEN_ROUND)
     slots = max(1, min(max_slots, len(requests)))
-    decoder = BatchDecoder(model, slots, max_len, on_chunk=on_chunk)  # type: ignore[arg-type]
+    decoder = BatchDecoder(model, slots, max_len, on_chunk=on_chunk)
     results: list[np.ndarray | None] = [None] * len(requests)
     pending = deque(range(len(requests)))
     while pending or decoder.active:
@@ -357,6 +381,40 @@ def generate(
         for i, tokens in decoder.step():
             results[i] = tokens  # type: ignore[index]
     return [r if r is not None else np.zeros(0, dtype=np.int64) for r in results]
+
+
+class SlotBatch:
+    """The engines' :class:`~engines.base.SemanticBatch`: requests in, a :class:`BatchDecoder` under it; each request's
+    step cap is clamped to what its cache row holds, so every backend admits and cuts requests identically."""
+
+    def __init__(self, decoder: BatchDecoder) -> None:
+        self._decoder = decoder
+
+    @property
+    def active(self) -> int:
+        return len(self._decoder.active)
+
+    @property
+    def capacity(self) -> int:  # noqa: D102
+        return self._decoder.max_slots
+
+    def add(self, request_id: int, request: SemanticRequest) -> None:
+        phones, bert, prompt = request_inputs(request)
+        params = request.params
+        room = self._decoder.max_len - len(phones) - len(prompt) - 1  # steps that fit in the cache
+        if room < 1:
+            raise EngineError(f"the sentence is too long for the GPT ({len(phones)} phones with the prompt); "
+                              f"split it into shorter sentences")
+        if params.early_stop_num < 0 or params.early_stop_num > room:
+            params = dataclasses.replace(params, early_stop_num=min(room, MAX_DECODE_STEPS - 1)
+                                         if params.early_stop_num < 0 else room)
+        self._decoder.add(request_id, phones, bert, prompt, params)
+
+    def step(self) -> list[tuple[int, np.ndarray]]:
+        return self._decoder.step()
+
+    def cancel(self, request_id: int) -> None:
+        self._decoder.cancel(request_id)
 
 
 def request_inputs(req: SemanticRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

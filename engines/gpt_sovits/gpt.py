@@ -187,6 +187,16 @@ class Text2SemanticModel(nn.Module):
         self.max_slots = 0
         self.max_len = 0
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's tensors live."""
+        return self.pe.device
+
+    @property
+    def bert_dim(self) -> int:
+        """Width of the BERT features the text stream takes."""
+        return self.bert_proj.in_features
+
     # ------------------------------------------------------------------ construction
 
     @classmethod

@@ -44,7 +44,7 @@ def naive_generate(
     if model.quantized:
         raise ValueError("naive_generate needs the fp32 model, not the int8 one")
     cfg = model.config
-    dev = model.pe.device
+    dev = model.device
     gen = torch.Generator(device=dev)
     gen.manual_seed(params.seed if params.seed is not None else torch.seed())
     layers = [_layer_weights(blk) for blk in model.h.layers]

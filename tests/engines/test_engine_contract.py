@@ -4,7 +4,7 @@ int8, CPU), on the golden models and inputs.
 What every engine must do: identify its weights; stream and return semantic tokens as int64 in ``[0, EOS)``; run
 the continuous batch (``open_batch``: add, step, cancel, capacity) the scheduler drives; decode ``tokens x
 samples-per-token`` float32 samples at the pipeline's rate; encode a reference's style. The fp32 engines also give
-upstream's greedy tokens exactly (the golden README: greedy tokens exact), through ``generate_semantic`` and through
+upstream's greedy tokens exactly (the golden README: greedy tokens exact), through :func:`~engines.gpt_sovits.generate.generate` and through
 their own ``open_batch`` path; the int8 engines' tokens are judged in test_int8_proof.py. SoVITS stays fp32 in
 every engine here, so every waveform is upstream's within the README's 1e-4.
 """
@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from engines.gpt_sovits.generate import generate
 from engines.base import EOS_TOKEN, SAMPLE_RATE, SAMPLES_PER_TOKEN, EngineError, SamplingParams, SemanticRequest
 from tests.golden import Golden
 
@@ -90,10 +91,10 @@ def test_same_weights_same_model_id(golden: Golden, golden_onnx_dir: Path) -> No
     assert a == b
 
 
-def test_generate_semantic_tokens_and_chunks(engine: Any, golden: Golden) -> None:
+def test_generate_tokens_and_chunks(engine: Any, golden: Golden) -> None:
     cases = [*golden.greedy.values(), golden.reffree]
     chunks: dict[int, list[np.ndarray]] = {i: [] for i in range(len(cases))}
-    out = engine.generate_semantic([golden.request(c) for c in cases], on_chunk=lambda i, t: chunks[i].append(t))
+    out = generate(engine.new_gpt(), [golden.request(c) for c in cases], on_chunk=lambda i, t: chunks[i].append(t))
     assert len(out) == len(cases)
     for i, (case, tokens) in enumerate(zip(cases, out)):
         _assert_tokens(tokens, case.key)
@@ -104,7 +105,7 @@ def test_generate_semantic_tokens_and_chunks(engine: Any, golden: Golden) -> Non
             np.testing.assert_array_equal(tokens, case.generated, err_msg=case.key)
 
 
-def test_generate_semantic_should_stop(engine: Any, golden: Golden) -> None:
+def test_generate_should_stop(engine: Any, golden: Golden) -> None:
     case = next(iter(golden.greedy.values()))
     calls: dict[int, int] = {0: 0, 1: 0}
 
@@ -112,7 +113,7 @@ def test_generate_semantic_should_stop(engine: Any, golden: Golden) -> None:
         calls[i] += 1
         return i == 1 and calls[i] > 3
 
-    out = engine.generate_semantic([golden.request(case), golden.request(case)], should_stop=stop)
+    out = generate(engine.new_gpt(), [golden.request(case), golden.request(case)], should_stop=stop)
     assert out[1].dtype == np.int64 and out[1].size == 0  # cancelled
     _assert_tokens(out[0])
     if _exact(engine):

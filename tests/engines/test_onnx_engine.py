@@ -16,7 +16,7 @@ import torch
 
 from engines.base import EngineError, SamplingParams, SemanticRequest, VoicePrompt
 from engines.export import FORBIDDEN_OPS, GRAPHS, TRT_SUPPORTED_OPS, check_graphs, ensure_onnx, graph_ops
-from engines.gpt_sovits.generate import BatchDecoder
+from engines.gpt_sovits.generate import BatchDecoder, generate
 from tests.golden import Golden, teacher_forced_logits
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(300)]
@@ -101,7 +101,7 @@ def test_export_is_reused_and_keyed_by_the_model_files(engine, models, onnx_dir:
 
 def test_greedy_tokens_exact(engine, golden: Golden) -> None:
     for key, case in golden.greedy.items():
-        (tokens,) = engine.generate_semantic([golden.request(case)])
+        (tokens,) = generate(engine.new_gpt(), [golden.request(case)])
         np.testing.assert_array_equal(tokens, case.generated, err_msg=key)
 
 
@@ -244,7 +244,7 @@ def test_int8_step_graph_is_quantised_with_7_bit_weights(models, onnx_dir: Path)
 
 def test_build_engines_exports_checks_and_explains_missing_tensorrt(engine, models, onnx_dir: Path,
                                                                     tmp_path: Path) -> None:
-    from engines.export import build_engines
+    from engines.build import build_engines
 
     cfg = SimpleNamespace(backend="onnx", device="cpu", precision="fp32", max_batch=4, onnx_dir=onnx_dir,
                           tensorrt_dir=tmp_path / "trt", tensorrt_workspace_mb=1024)

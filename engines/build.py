@@ -1,0 +1,84 @@
+"""``python -m bot engines build``: export the ONNX graphs, check them, quantise the int8 step graph, and build the
+TensorRT engines where TensorRT and a GPU exist. The one module that drives both the exporter and the TensorRT
+builder (so neither imports the other)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from engines.base import EngineError, ModelPaths
+from engines.export import GRAPHS, INT8_STEP, check_graphs, ensure_onnx, quantize_step_int8
+from engines.loader import EngineSettings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["build_engines"]
+
+
+def build_engines(engine_cfg: EngineSettings, models_cfg: ModelPaths, backend: str | None = None) -> dict[str, Path]:
+    """``python -m bot engines build``: export the ONNX graphs if missing, check them, build TensorRT engines.
+
+    Parameters
+    ----------
+    engine_cfg:
+        the ``engine`` config section (``onnx_dir``, ``tensorrt_dir``, ``tensorrt_workspace_mb``, ``max_batch``...).
+    models_cfg:
+        the ``models`` config section (``gpt``, ``sovits``).
+    backend:
+        ``"onnx"``: graphs only; ``"tensorrt"``: graphs and engines (fails if TensorRT is missing);
+        None: graphs, and engines when TensorRT is installed and a CUDA GPU is usable.
+
+    Returns
+    -------
+    dict
+        what was produced: graph names -> ONNX paths, and ``"trt:<graph>"`` -> engine paths.
+    """
+    from tqdm import tqdm
+
+    steps = ["export", "check"]
+    want_int8 = getattr(engine_cfg, "precision", "") == "int8"
+    if want_int8:
+        steps.append("int8")
+    produced: dict[str, Path] = {}
+    with tqdm(total=len(steps), desc="ONNX", unit="step") as bar:
+        bar.set_postfix_str("exporting (once per model pair)")
+        folder = ensure_onnx(models_cfg, engine_cfg.onnx_dir)
+        bar.update()
+        bar.set_postfix_str("checking graphs")
+        check_graphs(folder)
+        bar.update()
+        if want_int8:
+            bar.set_postfix_str("int8 step graph")
+            produced[INT8_STEP] = quantize_step_int8(folder)
+            bar.update()
+    produced.update({n: folder / f"{n}.onnx" for n in GRAPHS})
+    log.info("ONNX graphs ready in %s", folder)
+    if backend == "onnx":
+        return produced
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        msg = (f"TensorRT is not installed, so no TensorRT engines were built (the ONNX graphs are ready in {folder} "
+               "and run with engine.backend: onnx). To build engines: on a machine with an NVIDIA GPU and CUDA 12, "
+               "`pip install tensorrt` (10.x), then run `python -m bot engines build --backend tensorrt`.")
+        if backend == "tensorrt":
+            raise EngineError(msg) from None
+        log.warning("%s", msg)
+        return produced
+    if not torch.cuda.is_available():
+        msg = f"no CUDA GPU is usable here, so no TensorRT engines were built (the ONNX graphs are ready in {folder})"
+        if backend == "tensorrt":
+            raise EngineError(msg + "; build on the machine that will run them")
+        log.warning("%s", msg)
+        return produced
+    from engines.tensorrt_engine import build_trt_engines  # tensorrt: imported only where it is installed
+
+    device = engine_cfg.device if engine_cfg.device.startswith("cuda:") else "cuda:0"
+    engines = build_trt_engines(folder, engine_cfg.tensorrt_dir, device=device,
+                                workspace_mb=engine_cfg.tensorrt_workspace_mb, max_batch=engine_cfg.max_batch,
+                                progress=True)
+    produced.update({f"trt:{k}": v for k, v in engines.items()})
+    return produced

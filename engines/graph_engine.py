@@ -1,0 +1,312 @@
+"""The Engine over exported graphs, shared by the onnx and tensorrt backends: each brings a :class:`GraphRunner`.
+
+The GPT decode loop is :class:`engines.gpt_sovits.generate.BatchDecoder`, the same one the torch engine runs, so
+sampling, stopping and continuous batching are upstream's rules by construction; only the two forward passes differ.
+:class:`GraphGpt` supplies them from graphs and owns the KV cache: per layer, K ``[rows, H, hd, T]`` (transposed)
+and V ``[rows, H, T, hd]`` in one contiguous buffer each, so every layer's slice is bound to the step graph without
+a copy. ``T`` follows the decoder's bucketed attention length, and the buffers are re-laid (one copy) only when
+the number of rows or that bucket changes. The graph returns the new token's K/V, written in place here.
+
+HuBERT and BERT stay in torch (transformers); the reference spectrogram is computed in torch, outside the graphs.
+A :class:`GraphEngine` may also be given the torch GPT with the fused CPU step instead of the GPT graphs (the onnx
+backend does so on CPUs, see :mod:`engines.onnx_engine`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from engines.base import BERT_DIM, ChunkCallback, EngineError, ModelPaths, SemanticBatch, VoicePrompt
+from engines.encoders import LazyEncoders
+from engines.export import MANIFEST, load_manifest, model_key
+from engines.gpt_sovits import cpu_step
+from engines.gpt_sovits.checkpoint import V2PRO_VERSIONS, load_sovits_checkpoint
+from engines.gpt_sovits.generate import MAX_CONTEXT, SYNC_EVERY, BatchDecoder, SlotBatch
+from engines.gpt_sovits.gpt import KV_BUCKET, GptConfig, Text2SemanticModel
+from engines.gpt_sovits.sovits import mean_style
+from engines.gpt_sovits.spectrogram import reference_spec_input
+from engines.runtime import use_lane_stream
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GraphEngine", "GraphGpt", "GraphRunner", "refuse_v2pro", "sovits_family"]
+
+
+class GraphRunner(Protocol):
+    """Runs one exported graph on caller-allocated tensors (inputs read, outputs written in place)."""
+
+    device: torch.device
+    kv_dtype: torch.dtype  # dtype of the GPT graphs' K/V inputs and outputs
+
+    def run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+        """Run ``graph``; every tensor is contiguous, on ``device``, in the graph's dtype and shape."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------------- GPT over graphs
+
+
+class GraphGpt:
+    """The GPT surface :class:`BatchDecoder` drives (``setup_caches``, ``prefill``, ``decode_step``), over graphs.
+
+    Parameters
+    ----------
+    runner: runs ``gpt_prefill`` and the step graph.
+    spec: the export manifest's ``gpt`` section (layers, heads, head_dim, vocab...).
+    step_graph: ``"gpt_step"``, or the int8 variant.
+
+    Notes
+    -----
+    One instance per decode batch (its cache is its own); used from one thread.
+    """
+
+    def __init__(self, runner: GraphRunner, spec: dict[str, Any], step_graph: str = "gpt_step") -> None:
+        self.runner = runner
+        self.step_graph = step_graph
+        self.config = GptConfig(dim=spec["dim"], heads=spec["heads"], layers=spec["layers"],
+                                phoneme_vocab=spec["phoneme_vocab"], vocab=spec["vocab"], eos=spec["eos"])
+        self.pe_positions = int(spec["pe_positions"])
+        dev = self.device = runner.device
+        self.bert_dim = BERT_DIM
+        self.max_slots = self.max_len = 0
+        self.text_len = torch.zeros(0, dtype=torch.long, device=dev)  # [slots] phones of each slot's prefill
+        cfg, kv = self.config, runner.kv_dtype
+        self._k = torch.zeros(cfg.layers, 0, cfg.heads, cfg.head_dim, 0, dtype=kv, device=dev)  # [L, b, H, hd, T]
+        self._v = torch.zeros(cfg.layers, 0, cfg.heads, 0, cfg.head_dim, dtype=kv, device=dev)  # [L, b, H, T, hd]
+        self._cols = torch.zeros(0, dtype=torch.long, device=dev)  # [T] 0..T-1
+
+    def setup_caches(self, max_slots: int, max_len: int) -> None:
+        """Set the limits (buffers are sized on demand, see the module notes)."""
+        if max_len > self.pe_positions:
+            raise EngineError(f"a decode context of {max_len} positions exceeds the exported positional table "
+                              f"({self.pe_positions}); shorten the sentence or the reference")
+        self.max_slots, self.max_len = max(max_slots, self.max_slots), max(max_len, self.max_len)
+        if self.text_len.shape[0] < self.max_slots:
+            grown = torch.zeros(self.max_slots, dtype=torch.long, device=self.runner.device)
+            grown[: self.text_len.shape[0]] = self.text_len
+            self.text_len = grown
+
+    def prefill(self, slot: int, phones: torch.Tensor, bert: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+        """Run one request's input into cache row ``slot``; returns the first step's ``[vocab]`` fp32 logits."""
+        cfg, dev, kv = self.config, self.runner.device, self.runner.kv_dtype
+        tx, tp = int(phones.shape[0]), int(prompt.shape[0])
+        s = tx + tp
+        if s > self.max_len or not 0 <= slot < self.max_slots:
+            raise EngineError(f"prefill of {s} positions into slot {slot} exceeds the cache "
+                              f"{self.max_slots}x{self.max_len}")
+        logits = torch.empty(1, cfg.vocab, dtype=torch.float32, device=dev)
+        keys = torch.empty(cfg.layers, cfg.heads, cfg.head_dim, s, dtype=kv, device=dev)
+        values = torch.empty(cfg.layers, cfg.heads, s, cfg.head_dim, dtype=kv, device=dev)
+        self.runner.run("gpt_prefill", {
+            "phones": phones.to(dev, torch.long).reshape(1, tx).contiguous(),
+            "bert": bert.to(dev, torch.float32).reshape(1, BERT_DIM, tx).contiguous(),
+            "prompt": prompt.to(dev, torch.long).reshape(1, tp).contiguous(),
+        }, {"logits": logits, "keys": keys, "values": values})
+        rows, length = self._k.shape[1], self._k.shape[4]
+        self._relayout(max(rows, slot + 1), max(length, min(self.max_len, -(-(s + 1) // KV_BUCKET) * KV_BUCKET)))
+        self._k[:, slot, :, :, :s] = keys
+        self._v[:, slot, :, :s, :] = values
+        self.text_len[slot] = tx
+        return logits[0]
+
+    def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None = None,
+                    kv_len: int = 0) -> torch.Tensor:
+        """One token for rows ``0..B-1`` (``slots`` must be None); returns ``[B, vocab]`` fp32 logits.
+
+        ``positions[r]`` is the cache index the row's token is written to; it attends to ``[0, positions[r]]``.
+        """
+        if slots is not None:
+            raise EngineError("the graph GPT decodes rows 0..B-1 only (slots=None)")
+        cfg, dev, kv = self.config, self.runner.device, self.runner.kv_dtype
+        b = int(tokens.shape[0])
+        t = kv_len or self.max_len
+        self._relayout(b, t)
+        bias = torch.zeros(b, t, dtype=torch.float32, device=dev)
+        bias.masked_fill_(self._cols[None, :] >= positions[:, None], float("-inf"))  # [B, T]
+        audio_pos = (positions - self.text_len[:b]).clamp_(min=0)
+        inputs = {"tokens": tokens.contiguous(), "audio_pos": audio_pos, "kv_bias": bias}
+        for i in range(cfg.layers):
+            inputs[f"past_k_{i}"] = self._k[i]
+            inputs[f"past_v_{i}"] = self._v[i]
+        logits = torch.empty(b, cfg.vocab, dtype=torch.float32, device=dev)
+        new_k = torch.empty(cfg.layers, b, cfg.heads, cfg.head_dim, dtype=kv, device=dev)
+        new_v = torch.empty_like(new_k)
+        self.runner.run(self.step_graph, inputs, {"logits": logits, "new_k": new_k, "new_v": new_v})
+        # Rows past the bucket are finished rows awaiting the host sync; their writes go to a harmless last column.
+        rows = torch.arange(b, device=dev)
+        pos = positions.clamp(max=t - 1)
+        self._k[:, rows, :, :, pos] = new_k.transpose(0, 1)  # indexed view is [B, L, H, hd]
+        self._v[:, rows, :, pos, :] = new_v.transpose(0, 1)
+        return logits
+
+    def _relayout(self, rows: int, length: int) -> None:
+        """Resize the cache to ``rows x length`` positions, keeping the overlap (zeros elsewhere: never NaN)."""
+        old_rows, old_len = self._k.shape[1], self._k.shape[4]
+        if (rows, length) == (old_rows, old_len):
+            return
+        cfg, dev, kv = self.config, self.runner.device, self.runner.kv_dtype
+        k = torch.zeros(cfg.layers, rows, cfg.heads, cfg.head_dim, length, dtype=kv, device=dev)
+        v = torch.zeros(cfg.layers, rows, cfg.heads, length, cfg.head_dim, dtype=kv, device=dev)
+        r, n = min(rows, old_rows), min(length, old_len)
+        k[:, :r, :, :, :n] = self._k[:, :r, :, :, :n]
+        v[:, :r, :, :n, :] = self._v[:, :r, :, :n, :]
+        self._k, self._v = k, v
+        self._cols = torch.arange(length, device=dev)
+
+
+# ------------------------------------------------------------------------------------------------------- the engine
+
+
+V2PRO_ON_GRAPHS = "v2Pro/v2ProPlus models run on the torch backend for now; set engine.backend: torch"
+
+
+def refuse_v2pro(version: str) -> None:
+    """The graph engines run the v2 SoVITS graphs only: refuse a v2Pro/v2ProPlus model (``auto`` then uses torch)."""
+    if version in V2PRO_VERSIONS:
+        raise EngineError(V2PRO_ON_GRAPHS)
+
+
+def sovits_family(models: ModelPaths, onnx_dir: str | os.PathLike[str]) -> str:
+    """The SoVITS family (``"v2"``, ``"v2Pro"``, ``"v2ProPlus"``) of ``models``: from its export's manifest when one
+    exists (no checkpoint load on a warm start), else from the checkpoint, before any export work is spent on it."""
+    folder = Path(onnx_dir) / model_key(models)
+    if (folder / MANIFEST).is_file():
+        try:
+            return str(load_manifest(folder)["sovits"].get("version", "v2"))
+        except (EngineError, KeyError):
+            pass  # a stale or damaged export: ensure_onnx reports or redoes it
+    if not Path(models.sovits).is_file():
+        return "v2"  # ensure_onnx names the missing file
+    return load_sovits_checkpoint(models.sovits).version
+
+
+class GraphEngine:
+    """GPT-SoVITS v2 over exported graphs; the Engine protocol for the onnx and tensorrt backends.
+
+    Thread-safety: the GPT and the rest may run on two threads at once (each decode batch owns its cache).
+    """
+
+    name = "graph"
+
+    def __init__(self, runner: GraphRunner, manifest: dict[str, Any], *, device: str, precision: str, model_id: str,
+                 hubert_path: Path | None, bert_path: Path | None, max_batch: int, step_graph: str = "gpt_step",
+                 gpt: Text2SemanticModel | None = None, threads: int = 1):
+        self.runner = runner
+        self.gpt = gpt  # the torch GPT with the fused CPU step, or None: the GPT graphs
+        self.threads = threads
+        self.manifest = manifest
+        self.device = device
+        self.precision = precision
+        self.model_id = model_id
+        self.max_batch = max_batch
+        self.step_graph = step_graph
+        self.sample_rate = int(manifest["sovits"]["sampling_rate"])
+        half = device.startswith("cuda") and precision == "fp16"
+        self.encoders = LazyEncoders(hubert_path, bert_path, device, torch.float16 if half else torch.float32)
+
+    def bind_thread(self) -> None:
+        """Called once by each thread that will run this engine: on a GPU, a CUDA stream of its own; on a CPU with
+        the torch GPT, the engine's threads for its prefill (torch) and its steps (the fused step's team). Only this
+        thread runs torch work with more than one thread (see :func:`engines.loader.load_engine`)."""
+        if self.device.startswith("cuda"):
+            use_lane_stream(self.device)
+        elif self.gpt is not None:
+            torch.set_num_threads(self.threads)
+            cpu_step.set_threads(self.threads)
+
+    # ---- Engine protocol -------------------------------------------------------------------------------------
+
+    def encode_speaker(self, refs32k: Sequence[np.ndarray]) -> np.ndarray | None:
+        """None: the graphs run a plain v2 SoVITS, which has no use for speaker-verification features."""
+        refuse_v2pro(str(self.manifest["sovits"].get("version", "v2")))
+        return None
+
+    @torch.inference_mode()
+    def encode_reference(self, wav16k: np.ndarray | None, refs32k: Sequence[np.ndarray],
+                         sv_emb: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """As the Engine protocol; ``sv_emb`` is unused (a v2 SoVITS: see :meth:`encode_speaker`)."""
+        if not refs32k:
+            raise EngineError("encode_reference needs at least one 32 kHz reference clip")
+        tokens = np.zeros(0, np.int64)
+        if wav16k is not None:
+            ssl = self.encoders.hubert().encode(wav16k)  # [1, 768, T50]
+            tokens = self.extract_latent(ssl)[0, 0].cpu().numpy().astype(np.int64)
+        ges = [self.ref_style(reference_spec_input(np.asarray(w, np.float32))) for w in refs32k]
+        return tokens, mean_style(ges)[0].float().cpu().numpy()
+
+    def extract_latent(self, ssl: torch.Tensor) -> torch.Tensor:
+        """HuBERT features ``[B, 768, T50]`` -> codes ``[1, B, T50 // 2]`` int64 (graph ``extract_latent``)."""
+        dev = self.runner.device
+        ssl = ssl.to(dev, torch.float32).contiguous()
+        codes = torch.empty(1, ssl.shape[0], ssl.shape[2] // 2, dtype=torch.long, device=dev)
+        self.runner.run("extract_latent", {"ssl": ssl}, {"codes": codes})
+        return codes
+
+    def ref_style(self, spec: torch.Tensor) -> torch.Tensor:
+        """Linear spectrogram ``[B, 1025, Tr]`` -> ``ge [B, gin, 1]`` fp32 (graph ``ref_style``)."""
+        dev = self.runner.device
+        spec = spec.to(dev, torch.float32).contiguous()
+        ge = torch.empty(spec.shape[0], self.manifest["sovits"]["gin"], 1, dtype=torch.float32, device=dev)
+        self.runner.run("ref_style", {"spec": spec}, {"ge": ge})
+        return ge
+
+    @torch.inference_mode()
+    def text_features(self, norm_text: str, word2ph: Sequence[int]) -> np.ndarray:
+        return self.encoders.bert().features(norm_text, word2ph)
+
+    def new_gpt(self) -> GraphGpt | Text2SemanticModel:
+        """The GPT a decode batch drives: graphs with a KV cache of their own per batch, or the torch GPT with the
+        fused step (one cache: one batch at a time, as the device worker runs them)."""
+        if self.gpt is not None:
+            return self.gpt
+        return GraphGpt(self.runner, self.manifest["gpt"], self.step_graph)
+
+    def open_batch(self, on_chunk: ChunkCallback | None = None) -> SemanticBatch:
+        # The fused step's EOS flags are host memory: read them every step (no wasted steps).
+        decoder = BatchDecoder(self.new_gpt(), max_slots=self.max_batch, max_len=MAX_CONTEXT, on_chunk=on_chunk,
+                               sync_every=1 if self.gpt is not None else SYNC_EVERY)
+        return SlotBatch(decoder)
+
+    @torch.inference_mode()
+    def decode(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,
+               noise_scale: float = 0.5, seed: int | None = None) -> np.ndarray:
+        return self.decode_with_noise(tokens, phones, voice.ge, speed, noise_scale, seed)[0, 0].cpu().numpy()
+
+    def decode_with_noise(self, tokens: np.ndarray, phones: np.ndarray, ge: np.ndarray, speed: float = 1.0,
+                          noise_scale: float = 0.5, seed: int | None = None,
+                          eps: torch.Tensor | None = None) -> torch.Tensor:
+        """SoVITS decode (graph ``sovits_decode``) -> ``[1, 1, N]`` fp32 @ 32 kHz.
+
+        The prior noise is drawn here as the torch engine draws it (``randn`` from a CPU generator seeded with
+        ``seed``), or taken from ``eps`` (standard normal, ``[1, C, frames]``) for conformance tests.
+        """
+        tokens = np.asarray(tokens, np.int64).reshape(-1)
+        phones = np.asarray(phones, np.int64).reshape(-1)
+        if tokens.size == 0 or phones.size == 0:
+            raise EngineError("SoVITS decode needs at least one semantic token and one phone")
+        if speed <= 0:
+            raise EngineError(f"speed must be > 0, got {speed}")
+        dev, spec = self.runner.device, self.manifest["sovits"]
+        frames = 2 * tokens.size if speed == 1 else int(2 * tokens.size / speed) + 1  # 50 Hz latent frames
+        shape = (1, spec["inter_channels"], frames)
+        if noise_scale == 0:
+            noise = torch.zeros(shape, dtype=torch.float32)
+        else:
+            if eps is None:
+                gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
+                eps = torch.randn(shape, generator=gen)
+            noise = eps.float().reshape(shape) * noise_scale
+        wav = torch.empty(1, 1, frames * spec["hop"], dtype=torch.float32, device=dev)
+        self.runner.run("sovits_decode", {
+            "codes": torch.as_tensor(tokens, device=dev).reshape(1, 1, -1).contiguous(),
+            "text": torch.as_tensor(phones, device=dev).reshape(1, -1).contiguous(),
+            "ge": torch.as_tensor(np.asarray(ge, np.float32), device=dev).reshape(1, -1, 1).contiguous(),
+            "noise": noise.to(dev).contiguous(),
+        }, {"wav": wav})
+        return wav
