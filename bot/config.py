@@ -1,8 +1,10 @@
-"""The typed configuration: ``config.yaml`` loaded into one frozen object, checked key by key.
+"""The typed configuration: ``config.yaml`` loaded once, at start, into one frozen object, checked key by key.
 
-An unknown or mistyped key is an error that names the dotted key and what was expected. Relative paths are
-resolved against the folder of the config file. Secrets (Discord token, API keys) are never in the file: the file
-names the environment variable that holds them.
+An unknown or mistyped key, or a value that the object using it would refuse, is a :class:`ConfigError` that names
+the dotted key ("synthesis.top_k must be a whole number >= 1, got 0"). The ``synthesis:`` and ``voices:`` defaults
+are those of the objects they load into (:class:`synthesis.SynthesisParams`, :class:`synthesis.Limits`), written
+there once. Relative paths are resolved against the folder of the config file. Secrets (Discord token, API keys)
+are never in the file: the file names the environment variable that holds them.
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _family_file(role: str) -> Any:
-    """A ModelsConfig path that defaults to the chosen family's pretrained file under ``models.dir``."""
+    """A ModelsConfig path that defaults to the chosen family's pretrained file under ``models.dir``.
+
+    The loader fills it from ``models.family`` and ``models.dir`` when the key is absent or null; a ModelsConfig
+    built in code gets the v2 file unless it names one."""
     def default(values: dict[str, Any]) -> Path:
         family = MODEL_SETS.get(values["family"], MODEL_SETS[DEFAULT_FAMILY])
         return Path(values["dir"]) / getattr(family, role).path
@@ -329,10 +334,19 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}") from e
+        raise ConfigError(f"{path} is not valid YAML: {_yaml_problem(e)}") from e
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {path} cannot be read: {e}") from e
     return config_from_dict(raw or {}, base_dir=path.resolve().parent)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: where, and what (PyYAML's own text spans several lines)."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        mark = e.problem_mark
+        context = f" ({e.context})" if e.context else ""
+        return f"line {mark.line + 1}, column {mark.column + 1}: {e.problem}{context}"
+    return " ".join(str(e).split())
 
 
 def config_from_dict(raw: dict[str, Any], base_dir: Path | None = None) -> Config:

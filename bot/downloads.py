@@ -13,10 +13,10 @@ import io
 import logging
 import os
 import pickle
-import zipfile
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +31,7 @@ TIMEOUT_S = 60.0  # socket timeout per read
 
 
 class DownloadError(SpeechError):
-    """A model file could not be downloaded or failed its checksum."""
+    """A model file could not be downloaded or failed its check (checksum, size, or tensor names and shapes)."""
 
 
 @dataclass(frozen=True)
@@ -139,8 +139,9 @@ def download_models(
     """Download every missing file of ``files`` into ``dest``, resuming partial downloads.
 
     A partial download lives in ``<file>.part`` and is continued with an HTTP Range request; the finished file is
-    checked against its SHA-256 (and size) before it is renamed into place, so a file at its final path is
-    always complete. Returns the paths written.
+    checked (its SHA-256 where one is published, its size where known, else its tensors' names and shapes where
+    :attr:`ModelFile.shapes` gives them) before it is renamed into place, so a file at its final path is always
+    complete. Returns the paths written.
     """
     written: list[Path] = []
     todo = missing_files(dest, files)
