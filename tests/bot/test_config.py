@@ -24,6 +24,13 @@ def test_shipped_config_loads_with_defaults():
     assert cfg.chat.enabled is False
 
 
+def test_shipped_values_are_the_defaults():
+    """config.yaml says "the values below are the defaults": it must not drift from the objects' own defaults."""
+    shipped, defaults = load_config(ROOT / "config.yaml"), config_from_dict({}, base_dir=ROOT)
+    assert dataclasses.replace(shipped, phrases=()) == defaults
+    assert shipped.synthesis.params.top_k == 15 and shipped.limits.queue_size == 64
+
+
 def test_every_shipped_key_is_commented():
     for n, line in enumerate((ROOT / "config.yaml").read_text().splitlines(), 1):
         stripped = line.strip()
