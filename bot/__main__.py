@@ -138,17 +138,26 @@ def _make_tiny(args: argparse.Namespace) -> int:
 
 
 def _download(config: Any, args: argparse.Namespace) -> int:
-    from bot.downloads import download_models
+    from bot.downloads import MODEL_SETS, download_models
 
-    dest = args.dir or config.models.dir
-    written = download_models(dest, config.models.download_base_url)
-    print(f"{len(written)} file(s) downloaded into {dest}" if written else f"all model files present in {dest}")
+    m = config.models
+    family = MODEL_SETS[m.family]
+    dest = args.dir or m.dir
+    # a pretrained GPT or SoVITS that models.gpt / models.sovits replace with the user's own file is not fetched
+    files = family.files(gpt=Path(m.gpt) == Path(m.dir) / family.gpt.path,
+                         sovits=Path(m.sovits) == Path(m.dir) / family.sovits.path)
+    written = download_models(dest, m.download_base_url, files)
+    print(f"{len(written)} file(s) of the {m.family} set downloaded into {dest}" if written
+          else f"all {m.family} model files present in {dest}")
     return 0
 
 
 def _check_models(config: Any) -> str | None:
-    for label, path in (("GPT", config.models.gpt), ("SoVITS", config.models.sovits),
-                        ("HuBERT", config.models.hubert), ("BERT", config.models.bert)):
+    m = config.models
+    needed = [("GPT", m.gpt), ("SoVITS", m.sovits), ("HuBERT", m.hubert), ("BERT", m.bert)]
+    if m.family != "v2":
+        needed.append(("speaker-verification", m.sv))
+    for label, path in needed:
         if not Path(path).exists():
             return f"the {label} model {path} is missing: run `python -m bot models download` (or `make run`)"
     return None

@@ -1,41 +1,77 @@
-"""The typed configuration: ``config.yaml`` loaded into one frozen object, checked key by key.
+"""The typed configuration: ``config.yaml`` loaded once, at start, into one frozen object, checked key by key.
 
-An unknown or mistyped key is an error that names the dotted key and what was expected. Relative paths are
-resolved against the folder of the config file. Secrets (Discord token, API keys) are never in the file: the file
-names the environment variable that holds them.
+An unknown or mistyped key, or a value that the object using it would refuse, is a :class:`ConfigError` that names
+the dotted key ("synthesis.top_k must be a whole number >= 1, got 0"). The ``synthesis:`` and ``voices:`` defaults
+are those of the objects they load into (:class:`synthesis.SynthesisParams`, :class:`synthesis.Limits`), written
+there once. Relative paths are resolved against the folder of the config file. Secrets (Discord token, API keys)
+are never in the file: the file names the environment variable that holds them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import re
 import types
 import typing
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from synthesis import SpeechError, SynthesisParams
+from bot.downloads import DEFAULT_FAMILY, MODEL_SETS
+from synthesis import Limits, SpeechError, SynthesisParams
 
 
 class ConfigError(SpeechError):
     """The configuration file is missing, malformed or has a wrong key/value."""
 
 
+MB = 1024 * 1024  # bytes in the config's megabytes
+_PARAMS = SynthesisParams()  # the per-request defaults, written once where they are checked (synthesis.types)
+_LIMITS = Limits()  # the pipeline's limits, likewise
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# Each section below is a frozen dataclass; ``__post_init__`` checks its values and raises ValueError with a message
+# that starts with the field's name, which the loader turns into the dotted key ("synthesis.top_k must be ...").
+
+
+def _family_file(role: str) -> Any:
+    """A ModelsConfig path that defaults to the chosen family's pretrained file under ``models.dir``.
+
+    The loader fills it from ``models.family`` and ``models.dir`` when the key is absent or null; a ModelsConfig
+    built in code gets the v2 file unless it names one."""
+    def default(values: dict[str, Any]) -> Path:
+        family = MODEL_SETS.get(values["family"], MODEL_SETS[DEFAULT_FAMILY])
+        return Path(values["dir"]) / getattr(family, role).path
+
+    return field(default=Path("models") / getattr(MODEL_SETS[DEFAULT_FAMILY], role).path,
+                 metadata={"default_from": default})
+
+
 @dataclass(frozen=True)
 class ModelsConfig:
     dir: Path = Path("models")
-    gpt: Path = Path("models/gsv-v2final-pretrained/s1bert25hz-5kh-longer-epoch=12-step=369668.ckpt")
-    sovits: Path = Path("models/gsv-v2final-pretrained/s2G2333k.pth")
+    # the pretrained set `models download` fetches (v2 | v2Pro | v2ProPlus), and where gpt/sovits point by default
+    family: str = DEFAULT_FAMILY
+    gpt: Path = _family_file("gpt")
+    sovits: Path = _family_file("sovits")
     hubert: Path = Path("models/chinese-hubert-base")
     bert: Path = Path("models/chinese-roberta-wwm-ext-large")
     # v2Pro/v2ProPlus SoVITS only: the speaker-verification model of upstream's pretrained set (unused for v2)
     sv: Path = Path("models/sv/pretrained_eres2netv2w24s4ep4.ckpt")
     download_base_url: str = "https://huggingface.co/lj1995/GPT-SoVITS/resolve/main"
+
+    def __post_init__(self) -> None:
+        if self.family.lower() in ("v3", "v4"):
+            raise ValueError(f"family must be one of {', '.join(MODEL_SETS)}, got {self.family!r}: v3/v4 models need "
+                             "a different decoder and are not supported yet")
+        _check_choice("family", self.family, tuple(MODEL_SETS))
+        _check_url("download_base_url", self.download_base_url, ("http", "https"))
 
 
 @dataclass(frozen=True)
@@ -50,56 +86,62 @@ class EngineConfig:
     tensorrt_dir: Path = Path("cache/tensorrt")
     tensorrt_workspace_mb: int = 4096
 
-
     def __post_init__(self) -> None:
         _check_choice("backend", self.backend, ("auto", "torch", "onnx", "tensorrt"))
         _check_choice("precision", self.precision, ("auto", "fp32", "fp16", "bf16", "int8"))
         if not (self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device)):
-            raise ValueError(f"device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
-
-
-def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        _check_at_least("threads", self.threads, 0)
+        _check_at_least("max_batch", self.max_batch, 1)
+        _check_at_least("tensorrt_workspace_mb", self.tensorrt_workspace_mb, 1)
 
 
 @dataclass(frozen=True)
 class SynthesisConfig:
-    language: str = "auto"
-    split_method: str = "cut5"
-    fragment_interval: float = 0.3
-    top_k: int = 15
-    top_p: float = 1.0
-    temperature: float = 1.0
-    repetition_penalty: float = 1.35
-    speed: float = 1.0
-    noise_scale: float = 0.5
-    seed: int = -1
-    queue_size: int = 64  # requests admitted at once (each from its arrival to the end of its stream); more: busy
-    deadline_s: float = 120.0  # longest wait for one sentence, from when its text arrived and it is due to play
-    stream_pause_s: float = 1.5
-    stream_max_chars: int = 300
-    max_text_chars: int = 5000
-    first_chunk_tokens: int = 24
+    """``synthesis:``: the default per-request options and the pipeline's limits, side by side in one mapping.
+
+    Each key's default and check are those of the object it is loaded into: :class:`synthesis.SynthesisParams`
+    (:attr:`params`) or :class:`synthesis.Limits` (with the ``voices:`` section, :attr:`Config.limits`).
+    """
+
+    language: str = _PARAMS.language
+    split_method: str = _PARAMS.split_method
+    fragment_interval: float = _PARAMS.fragment_interval
+    top_k: int = _PARAMS.top_k
+    top_p: float = _PARAMS.top_p
+    temperature: float = _PARAMS.temperature
+    repetition_penalty: float = _PARAMS.repetition_penalty
+    speed: float = _PARAMS.speed
+    noise_scale: float = _PARAMS.noise_scale
+    seed: int = _PARAMS.seed
+    queue_size: int = _LIMITS.queue_size  # requests admitted at once (from arrival to the end of their stream)
+    deadline_s: float = _LIMITS.deadline_s  # longest wait for one sentence, from when its text arrived and it is due
+    stream_pause_s: float = _LIMITS.stream_pause_s
+    stream_max_chars: int = _LIMITS.stream_max_chars
+    max_text_chars: int = _LIMITS.max_text_chars
+    first_chunk_tokens: int = _LIMITS.first_chunk_tokens
 
     def __post_init__(self) -> None:
-        # the per-request defaults: refused here, with the key's name, rather than at the first request
-        SynthesisParams(language=self.language, top_k=self.top_k, top_p=self.top_p, temperature=self.temperature,
-                        repetition_penalty=self.repetition_penalty, speed=self.speed, noise_scale=self.noise_scale,
-                        seed=self.seed, split_method=self.split_method, fragment_interval=self.fragment_interval)
-        if self.queue_size < 1:
-            raise ValueError(f"queue_size must be at least 1, got {self.queue_size}")
-        if not self.deadline_s > 0:
-            raise ValueError(f"deadline_s must be above 0 seconds, got {self.deadline_s}")
+        self.params  # noqa: B018 - built (and so checked) here, at load, rather than at the first request
+        _subset(Limits, self)
+
+    @property
+    def params(self) -> SynthesisParams:
+        """The server's default per-request options."""
+        return _subset(SynthesisParams, self)
 
 
 @dataclass(frozen=True)
 class VoicesConfig:
     dir: Path = Path("data/voices")
-    max_upload_mb: float = 25.0
-    max_upload_s: float = 600.0
-    min_speech_s: float = 3.0
-    max_speech_s: float = 10.0
+    max_upload_mb: float = _LIMITS.max_upload_bytes / MB
+    max_upload_s: float = _LIMITS.max_upload_s
+    min_speech_s: float = _LIMITS.min_speech_s
+    max_speech_s: float = _LIMITS.max_speech_s
+
+    def __post_init__(self) -> None:
+        _check_above("max_upload_mb", self.max_upload_mb, 0)
+        _subset(Limits, self)
 
 
 @dataclass(frozen=True)
@@ -108,6 +150,10 @@ class CacheConfig:
     prosody_mb: int = 512
     audio_mb: int = 1024
     reuse_random: bool = True  # serve one stored sample for random-seed requests (off: a fresh draw every time)
+
+    def __post_init__(self) -> None:
+        _check_at_least("prosody_mb", self.prosody_mb, 1)
+        _check_at_least("audio_mb", self.audio_mb, 1)
 
 
 @dataclass(frozen=True)
@@ -124,6 +170,17 @@ class DiscordConfig:
     reconnect_wait_s: float = 5.0  # let discord.py restore a dropped voice connection this long before rejoining
     ca_file: Path | None = None  # extra CA bundle (PEM) trusted for TLS to Discord or a proxy, besides the system CAs
     guild_ready_timeout_s: float = 2.0  # wait for GUILD_CREATEs after READY before on_ready (tests use ~0.05)
+
+    def __post_init__(self) -> None:
+        _check_env_name("token_env", self.token_env)
+        _check_url("api_base", self.api_base, ("http", "https"))
+        _check_url("gateway_url", self.gateway_url, ("ws", "wss"))
+        _check_at_least("guild_queue_size", self.guild_queue_size, 1)
+        _check_at_least("max_message_chars", self.max_message_chars, 1)
+        for name in ("idle_disconnect_s", "max_attachment_mb"):
+            _check_above(name, getattr(self, name), 0)
+        for name in ("alone_disconnect_s", "reconnect_wait_s", "guild_ready_timeout_s"):
+            _check_above(name, getattr(self, name), 0, inclusive=True)
 
 
 @dataclass(frozen=True)
@@ -147,18 +204,31 @@ class HttpConfig:
     ws_idle_timeout_s: float = 20.0  # a WebSocket whose client sends nothing this long ends its input
 
     def __post_init__(self) -> None:
-        if self.rate_limit_key not in RATE_LIMIT_KEYS:
-            raise ValueError(f"rate_limit_key must be one of {', '.join(RATE_LIMIT_KEYS)}, "
-                             f"got {self.rate_limit_key!r}")
+        if not self.host.strip():
+            raise ValueError("host must be an address to listen on, like 127.0.0.1 or 0.0.0.0, got ''")
+        _check_at_least("port", self.port, 0)  # 0: any free port
+        if self.port > 65535:
+            raise ValueError(f"port must be from 0 to 65535, got {self.port}")
+        _check_env_name("token_env", self.token_env)
+        _check_at_least("max_body_kb", self.max_body_kb, 1)
+        _check_at_least("max_text_chars", self.max_text_chars, 1)
+        _check_at_least("rate_limit_per_min", self.rate_limit_per_min, 0)
+        _check_choice("rate_limit_key", self.rate_limit_key, RATE_LIMIT_KEYS)
+        for origin in self.cors_origins:
+            if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+                raise ValueError(f"cors_origins: {origin!r} is not an origin like http://localhost:8000 (no path) "
+                                 f"or *")
         for net in self.trusted_networks:
             try:
                 ipaddress.ip_network(net, strict=False)
             except ValueError:
                 raise ValueError(f"trusted_networks: {net!r} is not an address or network like 192.168.1.0/24"
                                  ) from None
+        for host in self.allowed_hosts:
+            if not host.strip() or any(c in host for c in "/ "):
+                raise ValueError(f"allowed_hosts: {host!r} is not a host name like tts.lan (or *)")
         for name in ("idle_timeout_s", "body_timeout_s", "ws_idle_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be above 0 seconds, got {getattr(self, name)!r}")
+            _check_above(name, getattr(self, name), 0)
         for key, value in self.voice_aliases.items():
             if not key.strip() or not value.strip():
                 raise ValueError(f"voice_aliases: {key!r}: {value!r} needs a client name and a stored voice name")
@@ -177,6 +247,14 @@ class ChatConfig:
     memory_messages: int = 20
     timeout_s: float = 60.0
 
+    def __post_init__(self) -> None:
+        _check_url("base_url", self.base_url, ("http", "https"))
+        if not self.model.strip():
+            raise ValueError("model must name the chat model as the endpoint knows it, got ''")
+        _check_env_name("api_key_env", self.api_key_env)
+        _check_at_least("memory_messages", self.memory_messages, 0)
+        _check_above("timeout_s", self.timeout_s, 0)
+
 
 @dataclass(frozen=True)
 class Config:
@@ -191,10 +269,61 @@ class Config:
     chat: ChatConfig = field(default_factory=ChatConfig)
     log_level: str = "INFO"
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "log_level", self.log_level.upper())  # logging knows the names in capitals
+        for i, phrase in enumerate(self.phrases):
+            if not phrase.strip():
+                raise ValueError(f"phrases[{i}] is empty: remove it or write the phrase")
+        _check_choice("log_level", self.log_level, LOG_LEVELS)
+
+    @property
+    def limits(self) -> Limits:
+        """The pipeline's limits, from ``synthesis:`` and ``voices:`` (each checked at load)."""
+        v = self.voices
+        return _subset(Limits, self.synthesis, max_upload_bytes=int(v.max_upload_mb * MB),
+                       max_upload_s=v.max_upload_s, min_speech_s=v.min_speech_s, max_speech_s=v.max_speech_s)
+
     def secret(self, env_name: str) -> str | None:
         """The value of a secret's environment variable, or None when unset/empty."""
         value = os.environ.get(env_name, "").strip()
         return value or None
+
+
+_T = typing.TypeVar("_T")
+
+
+def _subset(cls: type[_T], section: object, **extra: Any) -> _T:
+    """``cls`` built from the fields of ``section`` that it shares (its own defaults for the rest)."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    shared = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)  # type: ignore[arg-type]
+              if f.name in names}
+    return cls(**shared, **extra)
+
+
+def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _check_at_least(key: str, value: int, lo: int) -> None:
+    if value < lo:
+        raise ValueError(f"{key} must be >= {lo}, got {value!r}")
+
+
+def _check_above(key: str, value: float, lo: float, *, inclusive: bool = False) -> None:
+    if not (math.isfinite(value) and (value >= lo if inclusive else value > lo)):
+        raise ValueError(f"{key} must be a finite number {'>=' if inclusive else 'above'} {lo:g}, got {value!r}")
+
+
+def _check_url(key: str, value: str, schemes: tuple[str, ...]) -> None:
+    parsed = urllib.parse.urlsplit(value)
+    if parsed.scheme not in schemes or not parsed.netloc:
+        raise ValueError(f"{key} must be a {' or '.join(s + '://' for s in schemes)} URL, got {value!r}")
+
+
+def _check_env_name(key: str, value: str) -> None:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError(f"{key} must name an environment variable (like DISCORD_TOKEN), got {value!r}")
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -205,8 +334,19 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}") from e
+        raise ConfigError(f"{path} is not valid YAML: {_yaml_problem(e)}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} cannot be read: {e}") from e
     return config_from_dict(raw or {}, base_dir=path.resolve().parent)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: where, and what (PyYAML's own text spans several lines)."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        mark = e.problem_mark
+        context = f" ({e.context})" if e.context else ""
+        return f"line {mark.line + 1}, column {mark.column + 1}: {e.problem}{context}"
+    return " ".join(str(e).split())
 
 
 def config_from_dict(raw: dict[str, Any], base_dir: Path | None = None) -> Config:
@@ -222,18 +362,32 @@ def _build(cls: type, raw: Any, prefix: str, base_dir: Path) -> Any:
         if key not in names:
             raise ConfigError(f"unknown config key {prefix}{key!s}: expected one of {', '.join(sorted(names))}")
     values: dict[str, Any] = {}
+    derived = []
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
-        if f.name in raw:
+        if "default_from" in f.metadata and raw.get(f.name) is None:  # absent or null: follows other keys
+            derived.append(f)  # (models.gpt: the pretrained GPT of models.family)
+        elif f.name in raw:
             values[f.name] = _coerce(tp, raw[f.name], f"{prefix}{f.name}", base_dir)
         elif dataclasses.is_dataclass(tp):
             values[f.name] = _build(tp, {}, f"{prefix}{f.name}.", base_dir)
         elif tp is Path:  # defaults are relative to the config file too
             values[f.name] = base_dir / f.default
+    for f in derived:
+        everything = {g.name: values.get(g.name, g.default) for g in dataclasses.fields(cls)}
+        values[f.name] = f.metadata["default_from"](everything)
     try:
         return cls(**values)
     except ValueError as e:
-        raise ConfigError(f"config section {prefix.rstrip('.') or '(top level)'}: {e}") from e
+        raise ConfigError(_dotted(cls, prefix, str(e))) from e
+
+
+def _dotted(cls: type, prefix: str, message: str) -> str:
+    """A section's check message with its key made dotted: "top_k must ..." -> "synthesis.top_k must ..."."""
+    first = re.match(r"[A-Za-z_][A-Za-z0-9_]*", message)
+    if first and first.group() in {f.name for f in dataclasses.fields(cls)}:
+        return prefix + message
+    return f"config section {prefix.rstrip('.') or '(top level)'}: {message}"
 
 
 def _coerce(tp: Any, value: Any, key: str, base_dir: Path) -> Any:

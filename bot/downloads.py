@@ -1,18 +1,26 @@
-"""Downloading the pretrained GPT-SoVITS v2 model set: progress, resume, SHA-256 check, configurable mirror."""
+"""Downloading a pretrained GPT-SoVITS model set (v2, v2Pro, v2ProPlus): progress, resume, checks, a mirror.
+
+A file with a published SHA-256 (the v2 set) is checked against it. Upstream publishes none for the v2Pro files, so
+none is invented here: ``s1v3.ckpt`` is checked by its size, and the v2Pro/v2ProPlus SoVITS and the SV model by their
+tensors' names and shapes, read from the file without torch and without running anything from it, against those of
+upstream's released files (:data:`SHAPES`).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
+import pickle
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
-
-from tqdm import tqdm
+from typing import Any, BinaryIO, Callable, NamedTuple, Sequence
 
 from synthesis import SpeechError
 
@@ -23,7 +31,19 @@ TIMEOUT_S = 60.0  # socket timeout per read
 
 
 class DownloadError(SpeechError):
-    """A model file could not be downloaded or failed its checksum."""
+    """A model file could not be downloaded or failed its check (checksum, size, or tensor names and shapes)."""
+
+
+@dataclass(frozen=True)
+class ShapeCheck:
+    """What a file without a published checksum must hold: its tensors' names and shapes, as a count and a digest.
+
+    Tensors of the training-only posterior encoder (``enc_q.*``, in pretrained SoVITS files, not in fine-tuned
+    ones) and BatchNorm step counters (``*.num_batches_tracked``) are left out: inference uses neither.
+    """
+
+    tensors: int
+    digest: str  # shape_digest() of the other tensors
 
 
 @dataclass(frozen=True)
@@ -31,14 +51,27 @@ class ModelFile:
     path: str  # path under the base URL and under the models folder
     sha256: str | None  # None: no published checksum (size is still checked when known)
     size: int | None = None  # bytes
+    shapes: ShapeCheck | None = None  # checked when there is no checksum to check
 
 
-# The official v2 inference set (HF lj1995/GPT-SoVITS); checksums from the reference notes.
-V2_MODEL_SET: tuple[ModelFile, ...] = (
-    ModelFile("gsv-v2final-pretrained/s1bert25hz-5kh-longer-epoch=12-step=369668.ckpt",
-              "732f94e63b148066e24c7f9d2637f3374083e637635f07fbdb695dee20ddbe1f", 155_315_150),
-    ModelFile("gsv-v2final-pretrained/s2G2333k.pth",
-              "924fdccaa3c574bf139c25c9759aa1ed3b3f99e19a7c529ee996c2bc17663695", 106_035_259),
+# The released v2Pro/v2ProPlus SoVITS and SV files' tensors (names and shapes of upstream's classes at released size,
+# tests/data/golden-v2pro/real_size_shapes.json; tests/bot/test_downloads.py recomputes these from it).
+SHAPES = {
+    "sovits_v2Pro": ShapeCheck(678, "2eecaba19ff3e6cb2f72007b7db48b444e53e56592260b890a46916fe179d08c"),
+    "sovits_v2ProPlus": ShapeCheck(678, "9076dfb75834294fc10a765506e63c2f3bf1228975c2567b3dca339a26fce9b0"),
+    "sv": ShapeCheck(844, "507bec466501edd87a58d8a6c5a0ae99041b7d3378fc590ce4c51dd3740814b6"),
+}
+
+# Upstream's pretrained files (HF lj1995/GPT-SoVITS); the v2 checksums are from the reference notes.
+V2_GPT = ModelFile("gsv-v2final-pretrained/s1bert25hz-5kh-longer-epoch=12-step=369668.ckpt",
+                   "732f94e63b148066e24c7f9d2637f3374083e637635f07fbdb695dee20ddbe1f", 155_315_150)
+V2_SOVITS = ModelFile("gsv-v2final-pretrained/s2G2333k.pth",
+                      "924fdccaa3c574bf139c25c9759aa1ed3b3f99e19a7c529ee996c2bc17663695", 106_035_259)
+V3_GPT = ModelFile("s1v3.ckpt", None, 155_284_856)  # the GPT of v2Pro/v2ProPlus (a v2 GPT, trained further)
+V2PRO_SOVITS = ModelFile("v2Pro/s2Gv2Pro.pth", None, shapes=SHAPES["sovits_v2Pro"])
+V2PROPLUS_SOVITS = ModelFile("v2Pro/s2Gv2ProPlus.pth", None, shapes=SHAPES["sovits_v2ProPlus"])
+SV_MODEL = ModelFile("sv/pretrained_eres2netv2w24s4ep4.ckpt", None, shapes=SHAPES["sv"])
+ENCODERS: tuple[ModelFile, ...] = (  # HuBERT (every family) and the Chinese BERT (zh text)
     ModelFile("chinese-hubert-base/pytorch_model.bin",
               "24164f129c66499d1346e2aa55f183250c223161ec2770c0da3d3b08cf432d3c"),
     ModelFile("chinese-hubert-base/config.json",
@@ -52,6 +85,28 @@ V2_MODEL_SET: tuple[ModelFile, ...] = (
     ModelFile("chinese-roberta-wwm-ext-large/tokenizer.json",
               "173796956820ea27bd14f76bf28162607ff4254807e2948253eb5b46f5bb643b"),
 )
+
+
+@dataclass(frozen=True)
+class ModelSet:
+    """One family's pretrained files: its GPT, its SoVITS, what else its SoVITS needs (the SV model), the encoders."""
+
+    gpt: ModelFile
+    sovits: ModelFile
+    extra: tuple[ModelFile, ...] = ()
+
+    def files(self, *, gpt: bool = True, sovits: bool = True) -> tuple[ModelFile, ...]:
+        """The files to fetch; ``gpt``/``sovits`` False leaves out a pretrained file replaced by the user's own."""
+        return (*([self.gpt] if gpt else []), *([self.sovits] if sovits else []), *self.extra, *ENCODERS)
+
+
+MODEL_SETS = {  # config models.family -> its pretrained set
+    "v2": ModelSet(V2_GPT, V2_SOVITS),
+    "v2Pro": ModelSet(V3_GPT, V2PRO_SOVITS, (SV_MODEL,)),
+    "v2ProPlus": ModelSet(V3_GPT, V2PROPLUS_SOVITS, (SV_MODEL,)),
+}
+DEFAULT_FAMILY = "v2"
+V2_MODEL_SET = MODEL_SETS["v2"].files()
 
 
 def file_url(base_url: str, path: str) -> str:
@@ -84,8 +139,9 @@ def download_models(
     """Download every missing file of ``files`` into ``dest``, resuming partial downloads.
 
     A partial download lives in ``<file>.part`` and is continued with an HTTP Range request; the finished file is
-    checked against its SHA-256 (and size) before it is renamed into place, so a file at its final path is
-    always complete. Returns the paths written.
+    checked (its SHA-256 where one is published, its size where known, else its tensors' names and shapes where
+    :attr:`ModelFile.shapes` gives them) before it is renamed into place, so a file at its final path is always
+    complete. Returns the paths written.
     """
     written: list[Path] = []
     todo = missing_files(dest, files)
@@ -99,6 +155,7 @@ def download_models(
 
 def _download_one(dest: Path, base_url: str, f: ModelFile, *, progress: bool, opener: Callable[..., object]) -> Path:
     """Fetch one file with resume; verify; rename into place."""
+    from tqdm import tqdm  # the progress bar loads with the first download, not with the config
     target = dest / f.path
     part = target.with_name(target.name + ".part")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -148,6 +205,132 @@ def _download_one(dest: Path, base_url: str, f: ModelFile, *, progress: bool, op
             part.unlink()
             raise DownloadError(f"{f.path}: SHA-256 mismatch (expected {f.sha256}, got {digest}); the partial file "
                                 f"was removed, run again to download it afresh (or check your mirror)")
+    if f.sha256 is None and f.shapes is not None:
+        _check_shapes(part, f)
     os.replace(part, target)
     log.info("downloaded %s (%d bytes)", f.path, size)
     return target
+
+
+# ---- names and shapes of a checkpoint's tensors, without torch ------------------------------------------------------
+
+
+class _Tensor(NamedTuple):
+    shape: tuple[int, ...]
+
+
+class _Opaque:
+    """Stands in for any other class named in the pickle (HParams, storages): nothing is imported or run."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def __setstate__(self, state: object) -> None:
+        pass
+
+
+def _rebuild_tensor(storage: object, offset: object, size: Sequence[int], *rest: object) -> _Tensor:
+    return _Tensor(tuple(int(n) for n in size))
+
+
+_TENSOR_GLOBALS: dict[tuple[str, str], Any] = {
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_parameter"): lambda data, *rest: data,
+    ("torch._utils", "_rebuild_parameter_with_state"): lambda data, *rest: data,
+    ("torch._tensor", "_rebuild_from_type_v2"): lambda func, new_type, args, state: func(*args),
+    ("collections", "OrderedDict"): OrderedDict,
+}
+
+
+class _ShapeUnpickler(pickle.Unpickler):
+    """Unpickles a torch checkpoint's structure: tensors become their shapes, every other class an inert stub."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return _TENSOR_GLOBALS.get((module, name), _Opaque)
+
+    def persistent_load(self, pid: object) -> None:
+        return None  # a storage: its bytes are never read
+
+
+class _ZipMagic(io.RawIOBase):
+    """A file read with its first two bytes as ``PK``: upstream's v2Pro version tag (``05``/``06``) undone."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        pos = self._f.tell()
+        n = self._f.readinto(buffer)  # type: ignore[attr-defined]
+        for i in range(pos, min(2, pos + n)):
+            buffer[i - pos] = b"PK"[i]
+        return n
+
+
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor of a checkpoint's weights (a SoVITS file's ``weight``, or a plain state dict).
+
+    Reads torch's zip format (version-tagged or not) and its legacy format; raises ValueError when the file is
+    neither.
+    """
+    with path.open("rb") as f:
+        head = f.read(2)
+        f.seek(0)
+        try:
+            if head[:1] == b"\x80":  # legacy format: magic number, protocol, system info, then the object
+                for _ in range(3):
+                    pickle.Unpickler(f).load()
+                obj = _ShapeUnpickler(f).load()
+            else:
+                with zipfile.ZipFile(_ZipMagic(f)) as z:  # type: ignore[arg-type]
+                    pkl = [n for n in z.namelist() if n.endswith("data.pkl")]
+                    if not pkl:
+                        raise ValueError("no data.pkl inside")
+                    obj = _ShapeUnpickler(io.BytesIO(z.read(pkl[0]))).load()
+        except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, TypeError, AttributeError, IndexError) as e:
+            raise ValueError(f"not a PyTorch checkpoint ({e})") from e
+    if isinstance(obj, dict):
+        for wrapper in ("weight", "state_dict"):
+            if isinstance(obj.get(wrapper), dict):
+                obj = obj[wrapper]
+                break
+    if not isinstance(obj, dict):
+        raise ValueError(f"not a checkpoint of named tensors (top level is {type(obj).__name__})")
+    return {str(k): v.shape for k, v in obj.items() if isinstance(v, _Tensor)}
+
+
+def shape_digest(shapes: dict[str, tuple[int, ...]]) -> ShapeCheck:
+    """The :class:`ShapeCheck` of a name -> shape table (``enc_q.*`` and ``num_batches_tracked`` left out)."""
+    kept = sorted((k, v) for k, v in shapes.items()
+                  if not k.startswith("enc_q.") and not k.endswith("num_batches_tracked"))
+    text = "\n".join(f"{k} {'x'.join(map(str, v))}" for k, v in kept)
+    return ShapeCheck(len(kept), hashlib.sha256(text.encode()).hexdigest())
+
+
+def _check_shapes(part: Path, f: ModelFile) -> None:
+    """Refuse (and remove) a downloaded file whose tensors are not those of upstream's released file."""
+    assert f.shapes is not None
+    try:
+        got = shape_digest(tensor_shapes(part))
+    except (ValueError, OSError) as e:
+        part.unlink()
+        raise DownloadError(f"{f.path}: {e}; the partial file was removed. Check models.download_base_url (a "
+                            f"mirror may have served an error page)") from e
+    if got != f.shapes:
+        part.unlink()
+        raise DownloadError(
+            f"{f.path}: its tensors are not those of upstream's released file ({got.tensors} checked tensors, "
+            f"expected {f.shapes.tensors}, or other shapes); it was removed. Check models.download_base_url; a file "
+            f"you trust can be put at its place by hand (a present file is not checked again)")

@@ -6,9 +6,9 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bot.config import Config
+from bot.config import MB, Config
 from engines import load_engine
-from synthesis import Limits, SynthesisCache, SynthesisParams, Synthesizer, VoiceStore
+from synthesis import SynthesisCache, SynthesisParams, Synthesizer, VoiceStore
 
 if TYPE_CHECKING:
     from bot.chat import ChatClient
@@ -16,9 +16,6 @@ if TYPE_CHECKING:
     from bot.store import Store
 
 log = logging.getLogger(__name__)
-
-MB = 1024 * 1024  # bytes
-
 
 @dataclass
 class Services:
@@ -30,10 +27,8 @@ class Services:
 
 
 def default_params(config: Config) -> SynthesisParams:
-    s = config.synthesis
-    return SynthesisParams(language=s.language, top_k=s.top_k, top_p=s.top_p, temperature=s.temperature,
-                           repetition_penalty=s.repetition_penalty, speed=s.speed, noise_scale=s.noise_scale,
-                           seed=s.seed, split_method=s.split_method, fragment_interval=s.fragment_interval)
+    """The server's default per-request options (config ``synthesis:``, checked at load)."""
+    return config.synthesis.params
 
 
 def build_synthesizer(config: Config) -> Synthesizer:
@@ -42,10 +37,4 @@ def build_synthesizer(config: Config) -> Synthesizer:
     cache = SynthesisCache(config.cache.dir, config.cache.prosody_mb * MB, config.cache.audio_mb * MB,
                            reuse_random=config.cache.reuse_random)
     voices = VoiceStore(config.voices.dir, cache=cache)
-    s, v = config.synthesis, config.voices
-    limits = Limits(queue_size=s.queue_size, deadline_s=s.deadline_s, stream_pause_s=s.stream_pause_s,
-                    stream_max_chars=s.stream_max_chars, max_text_chars=s.max_text_chars,
-                    first_chunk_tokens=s.first_chunk_tokens,
-                    max_upload_bytes=int(v.max_upload_mb * MB), max_upload_s=v.max_upload_s,
-                    min_speech_s=v.min_speech_s, max_speech_s=v.max_speech_s)
-    return Synthesizer(engine, voices, cache, defaults=default_params(config), limits=limits)
+    return Synthesizer(engine, voices, cache, defaults=config.synthesis.params, limits=config.limits)

@@ -90,19 +90,7 @@ class SpeechService:
         self.config = config
         self.on_error = on_error
         self._speakers: dict[int, GuildSpeaker] = {}
-        syn = config.synthesis
-        self._base_params = SynthesisParams(
-            language=syn.language,
-            top_k=syn.top_k,
-            top_p=syn.top_p,
-            temperature=syn.temperature,
-            repetition_penalty=syn.repetition_penalty,
-            speed=syn.speed,
-            noise_scale=syn.noise_scale,
-            seed=syn.seed,
-            split_method=syn.split_method,
-            fragment_interval=syn.fragment_interval,
-        )
+        self._base_params = config.synthesis.params  # the server's defaults, checked at load
         self._closed = False
 
     # --- speakers ---------------------------------------------------------------------------------------------------

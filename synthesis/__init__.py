@@ -18,6 +18,7 @@ from synthesis.types import (
     AudioInputError,
     BusyError,
     DeadlineError,
+    Limits,
     SpeechSynthesizer,
     SynthesisParams,
     Voice,
@@ -27,7 +28,7 @@ from synthesis.types import (
 if TYPE_CHECKING:
     from synthesis.audio import StreamEncoder, StreamResampler, encode_audio, read_upload_file, resample
     from synthesis.cache import SynthesisCache
-    from synthesis.pipeline import Limits, Synthesizer
+    from synthesis.pipeline import Synthesizer
     from synthesis.voices import VoiceError, VoiceStore, check_name
 
 __all__ = [
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 _LAZY = {  # name -> the module that defines it, imported on first use
-    "Synthesizer": "synthesis.pipeline", "Limits": "synthesis.pipeline",
+    "Synthesizer": "synthesis.pipeline",
     "SynthesisCache": "synthesis.cache", "VoiceStore": "synthesis.voices", "check_name": "synthesis.voices",
     "VoiceError": "synthesis.voices",
     "read_upload_file": "synthesis.audio", "resample": "synthesis.audio", "StreamResampler": "synthesis.audio",

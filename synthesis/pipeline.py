@@ -15,7 +15,6 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 import numpy as np
@@ -26,7 +25,7 @@ from synthesis.audio import decode_upload, prepare_reference, resample
 from synthesis.cache import SynthesisCache
 from synthesis.scheduler import BACKGROUND, LIVE, Clock, Deadline, DeviceWorker
 from synthesis.text import Phonemes, SentenceStream, bert_features, normalize_for_cache, split_sentences, text_to_phonemes
-from synthesis.types import AudioChunk, BusyError, DeadlineError, SynthesisParams, Voice, VoiceNotFound
+from synthesis.types import AudioChunk, BusyError, DeadlineError, Limits, SynthesisParams, Voice, VoiceNotFound
 from synthesis.voices import VoiceError, VoiceStore, check_name
 
 log = logging.getLogger(__name__)
@@ -44,22 +43,6 @@ MIN_ROOM_POSITIONS = 400  # GPT context a voice's prompt must leave for a senten
 TOKENS_PER_S = SAMPLE_RATE / SAMPLES_PER_TOKEN  # semantic tokens per second of reference (25)
 GPT_CONTEXT = 2048  # the engines' GPT context per request (engines.torch_engine.MAX_CONTEXT) unless they say
 Progress = Callable[[str, float], None]
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Operational limits (from config)."""
-
-    queue_size: int = 64  # requests admitted at once (from the call to stream() until its stream ends); more: busy
-    deadline_s: float = 120.0  # longest wait for a sentence once its text arrived and it is due (first: half)
-    stream_pause_s: float = 1.5  # flush streamed text after this pause
-    stream_max_chars: int = 300  # ...or once this much is pending
-    max_text_chars: int = 5000
-    first_chunk_tokens: int = 24  # first sentence: speak its first tokens before its GPT ends (0 = off)
-    max_upload_bytes: int = 25 * 1024 * 1024
-    max_upload_s: float = 600.0
-    min_speech_s: float = 3.0
-    max_speech_s: float = 10.0
 
 
 class Synthesizer:

@@ -36,10 +36,11 @@ class SynthesisParams:
     """Per-request options (upstream api_v2 names where they exist)."""
 
     language: str = "auto"
-    top_k: int = 15
-    top_p: float = 1.0
-    temperature: float = 1.0
-    repetition_penalty: float = 1.35
+    # the GPT's sampling options: their defaults are upstream's, written once in engines.SamplingParams
+    top_k: int = SamplingParams.top_k
+    top_p: float = SamplingParams.top_p
+    temperature: float = SamplingParams.temperature
+    repetition_penalty: float = SamplingParams.repetition_penalty
     speed: float = 1.0
     noise_scale: float = 0.5
     seed: int = -1  # -1: random
@@ -59,6 +60,48 @@ class SynthesisParams:
         _check_number("noise_scale", self.noise_scale, 0.0, MAX_NOISE_SCALE)
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not -1 <= self.seed < 2**63:
             raise ValueError(f"seed must be a whole number from -1 (random) to 2**63-1, got {self.seed!r}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The pipeline's operational limits: the defaults of config ``synthesis:`` and ``voices:`` (bot.config).
+
+    Each value is checked here, once, so that a limit no request could live with is refused where it is set.
+    """
+
+    queue_size: int = 64  # requests admitted at once (from the call to stream() until its stream ends); more: busy
+    deadline_s: float = 120.0  # longest wait for a sentence once its text arrived and it is due (first: half)
+    stream_pause_s: float = 1.5  # flush streamed text after this pause
+    stream_max_chars: int = 300  # ...or once this much is pending
+    max_text_chars: int = 5000  # longest text accepted in one request
+    first_chunk_tokens: int = 24  # first sentence: speak its first tokens before its GPT ends (0 = off)
+    max_upload_bytes: int = 25 * 1024 * 1024  # uploads larger than this are refused before decoding
+    max_upload_s: float = 600.0  # uploads longer than this are refused while decoding
+    min_speech_s: float = 3.0  # GPT-SoVITS wants 3-10 s of reference speech
+    max_speech_s: float = 10.0  # longer clips are cut to their best stretch of speech
+
+    def __post_init__(self) -> None:
+        for name in ("queue_size", "stream_max_chars", "max_text_chars", "max_upload_bytes"):
+            _check_whole(name, getattr(self, name), 1)
+        _check_whole("first_chunk_tokens", self.first_chunk_tokens, 0)
+        for name in ("deadline_s", "stream_pause_s", "max_upload_s", "min_speech_s"):
+            _check_positive(name, getattr(self, name))
+        _check_positive("max_speech_s", self.max_speech_s)
+        if self.max_speech_s < self.min_speech_s:
+            raise ValueError(f"max_speech_s must be >= min_speech_s ({self.min_speech_s:g}), got {self.max_speech_s:g}")
+
+
+def _check_whole(name: str, value: object, lo: int) -> None:
+    """Refuse anything but a whole number ``>= lo``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise ValueError(f"{name} must be a whole number >= {lo}, got {value!r}")
+
+
+def _check_positive(name: str, value: object) -> None:
+    """Refuse anything but a finite number above 0."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not (ok and math.isfinite(float(value)) and float(value) > 0):  # type: ignore[arg-type]
+        raise ValueError(f"{name} must be a finite number above 0, got {value!r}")
 
 
 def _check_number(name: str, value: object, lo: float, hi: float) -> None:

@@ -163,8 +163,7 @@ def _range(lo: int | None, hi: int | None) -> str:
 
 def base_params(config: Config) -> SynthesisParams:
     """The server's default :class:`SynthesisParams` (config ``synthesis:``)."""
-    names = {f.name for f in dataclasses.fields(SynthesisParams)}
-    return SynthesisParams(**{n: getattr(config.synthesis, n) for n in names if hasattr(config.synthesis, n)})
+    return config.synthesis.params
 
 
 def make_params(base: SynthesisParams, **changes: Any) -> SynthesisParams:

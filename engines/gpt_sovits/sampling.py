@@ -64,10 +64,11 @@ class SamplerState:
 
     @classmethod
     def allocate(cls, rows: int, device: torch.device | str) -> SamplerState:
-        """Buffers for ``rows`` rows, filled with upstream's defaults."""
+        """Buffers for ``rows`` rows, filled with upstream's defaults (those of :class:`SamplingParams`)."""
         z = lambda dt, x: torch.full((rows,), x, dtype=dt, device=device)  # noqa: E731
-        return cls(z(torch.long, 15), z(torch.float32, 1.0), z(torch.float32, 1.0), z(torch.float32, 1.35),
-                   z(torch.long, 0))
+        d = SamplingParams()
+        return cls(z(torch.long, d.top_k), z(torch.float32, d.top_p), z(torch.float32, d.temperature),
+                   z(torch.float32, d.repetition_penalty), z(torch.long, 0))
 
     def set_row(self, row: int, params: SamplingParams, vocab: int) -> int:
         """Store one request's parameters in ``row``; returns the seed actually used."""

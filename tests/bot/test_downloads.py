@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import json
 import threading
 from pathlib import Path
 
 import pytest
+import yaml
 
-from bot.downloads import DownloadError, ModelFile, download_models, file_url
+from bot.downloads import (ENCODERS, MODEL_SETS, SHAPES, V2_MODEL_SET, DownloadError, ModelFile, download_models,
+                           file_url, shape_digest, tensor_shapes)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -121,3 +124,188 @@ def test_missing_file_names_mirror_setting(server, tmp_path: Path):
 def test_unreachable_host(tmp_path: Path):
     with pytest.raises(DownloadError, match="cannot reach"):
         download_models(tmp_path, "http://127.0.0.1:9/x", [ModelFile("a.bin", None)], progress=False)
+
+
+# ---- the model families (issue 17): v2Pro/v2ProPlus sets, checked by size and by tensor names and shapes ----------
+
+GOLDEN_V2PRO = Path(__file__).resolve().parents[1] / "data" / "golden-v2pro"
+
+
+def _torch_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes as the engine's own (torch) loaders read them: the reference for the torch-free reader."""
+    from engines.gpt_sovits.checkpoint import load_sovits_checkpoint, load_sv_checkpoint
+
+    try:
+        sd = load_sovits_checkpoint(path).state_dict
+    except Exception:  # noqa: BLE001 - not a SoVITS file: the SV model
+        sd = load_sv_checkpoint(path).state_dict
+    return {k: tuple(v.shape) for k, v in sd.items()}
+
+
+@pytest.mark.parametrize("name", ["sovits_tiny_v2Pro.pth", "sovits_tiny_v2ProPlus.pth", "sv_tiny_eres2netv2.ckpt"])
+def test_tensor_shapes_are_read_without_torch_as_torch_reads_them(name: str) -> None:
+    path = GOLDEN_V2PRO / name
+    got = tensor_shapes(path)
+    assert got == _torch_shapes(path) and len(got) > 500
+    assert path.read_bytes()[:2] in (b"05", b"06", b"PK")  # the version-tagged files are read as they are
+
+
+def test_tensor_shapes_of_the_legacy_format_and_of_garbage(tmp_path: Path) -> None:
+    import torch
+
+    sd = {"conv1.weight": torch.zeros(6, 1, 3, 3, dtype=torch.float16), "bn1.num_batches_tracked": torch.tensor(3)}
+    torch.save(sd, tmp_path / "legacy.ckpt", _use_new_zipfile_serialization=False)
+    assert (tmp_path / "legacy.ckpt").read_bytes()[:1] == b"\x80"
+    assert tensor_shapes(tmp_path / "legacy.ckpt") == {"conv1.weight": (6, 1, 3, 3), "bn1.num_batches_tracked": ()}
+    (tmp_path / "page.html").write_bytes(b"<html>rate limited</html>")
+    with pytest.raises(ValueError, match="not a PyTorch checkpoint"):
+        tensor_shapes(tmp_path / "page.html")
+
+
+def _real_size_table(entry: str) -> dict[str, tuple[int, ...]]:
+    table = json.loads((GOLDEN_V2PRO / "real_size_shapes.json").read_text())[entry]["keys"]
+    # SV rows are [shape, dtype], SoVITS rows are the shape
+    return {k: tuple(v[0] if v and isinstance(v[0], list) else v) for k, v in table.items()}
+
+
+@pytest.mark.parametrize(("name", "entry"), [("sovits_v2Pro", "sovits_v2Pro_finetuned_file"),
+                                             ("sovits_v2ProPlus", "sovits_v2ProPlus_finetuned_file"),
+                                             ("sv", "sv_pretrained_eres2netv2w24s4ep4")])
+def test_shipped_shape_checks_are_those_of_upstreams_released_files(name: str, entry: str) -> None:
+    table = _real_size_table(entry)
+    assert SHAPES[name] == shape_digest(table)
+    # what is left out: only step counters (SV) and nothing of the SoVITS table
+    assert SHAPES[name].tensors == sum(not k.endswith("num_batches_tracked") for k in table)
+    # one changed shape or one missing tensor changes the check
+    first = sorted(table)[0]
+    assert shape_digest({**table, first: (*table[first], 2)}) != SHAPES[name]
+    assert shape_digest({k: v for k, v in table.items() if k != first}) != SHAPES[name]
+    # the training-only posterior encoder of a pretrained (not fine-tuned) SoVITS file does not count
+    assert shape_digest({**table, "enc_q.pre.weight": (192, 1025, 1)}) == shape_digest(table)
+
+
+def test_the_family_sets_name_upstreams_files() -> None:
+    paths = {family: [f.path for f in s.files()] for family, s in MODEL_SETS.items()}
+    encoders = ["chinese-hubert-base/pytorch_model.bin", "chinese-hubert-base/config.json",
+                "chinese-hubert-base/preprocessor_config.json", "chinese-roberta-wwm-ext-large/pytorch_model.bin",
+                "chinese-roberta-wwm-ext-large/config.json", "chinese-roberta-wwm-ext-large/tokenizer.json"]
+    assert paths["v2"] == ["gsv-v2final-pretrained/s1bert25hz-5kh-longer-epoch=12-step=369668.ckpt",
+                           "gsv-v2final-pretrained/s2G2333k.pth", *encoders]
+    assert paths["v2Pro"] == ["s1v3.ckpt", "v2Pro/s2Gv2Pro.pth", "sv/pretrained_eres2netv2w24s4ep4.ckpt", *encoders]
+    assert paths["v2ProPlus"] == ["s1v3.ckpt", "v2Pro/s2Gv2ProPlus.pth", "sv/pretrained_eres2netv2w24s4ep4.ckpt",
+                                  *encoders]
+    # every file is checked by something: a published SHA-256, else its size or its tensors (none is invented)
+    for s in MODEL_SETS.values():
+        for f in s.files():
+            assert f.sha256 is not None or f.size is not None or f.shapes is not None, f.path
+    v2pro = MODEL_SETS["v2Pro"]
+    assert (v2pro.gpt.sha256, v2pro.gpt.size) == (None, 155_284_856)
+    assert v2pro.sovits.sha256 is None and v2pro.sovits.shapes == SHAPES["sovits_v2Pro"]
+    assert MODEL_SETS["v2ProPlus"].sovits.shapes == SHAPES["sovits_v2ProPlus"]
+    assert v2pro.extra[0].sha256 is None and v2pro.extra[0].shapes == SHAPES["sv"]
+    assert V2_MODEL_SET == MODEL_SETS["v2"].files() and all(f.sha256 for f in V2_MODEL_SET)
+
+
+def _tiny_v2pro_set(handler: type, plus: bool) -> list[ModelFile]:
+    """A v2Pro(Plus)-shaped set served by the local server: the tiny golden SoVITS and SV files checked by their
+    own tensor shapes (read with torch), a GPT checked by its size, an encoder file by its SHA-256."""
+    sovits = GOLDEN_V2PRO / ("sovits_tiny_v2ProPlus.pth" if plus else "sovits_tiny_v2Pro.pth")
+    sv = GOLDEN_V2PRO / "sv_tiny_eres2netv2.ckpt"
+    gpt = b"\x80\x02gpt" * 4000
+    hubert = b'{"model_type": "hubert"}'
+    blobs = {"s1v3.ckpt": gpt, sovits_path(plus): sovits.read_bytes(),
+             "sv/pretrained_eres2netv2w24s4ep4.ckpt": sv.read_bytes(), "chinese-hubert-base/config.json": hubert}
+    for p, d in blobs.items():
+        handler.files["/mirror/" + file_url("", p).lstrip("/")] = d
+    return [ModelFile("s1v3.ckpt", None, len(gpt)),
+            ModelFile(sovits_path(plus), None, shapes=shape_digest(_torch_shapes(sovits))),
+            ModelFile("sv/pretrained_eres2netv2w24s4ep4.ckpt", None, shapes=shape_digest(_torch_shapes(sv))),
+            _file("chinese-hubert-base/config.json", hubert)]
+
+
+def sovits_path(plus: bool) -> str:
+    return "v2Pro/s2Gv2ProPlus.pth" if plus else "v2Pro/s2Gv2Pro.pth"
+
+
+@pytest.mark.parametrize("plus", [False, True], ids=["v2Pro", "v2ProPlus"])
+def test_a_v2pro_set_downloads_and_is_checked(server, tmp_path: Path, plus: bool) -> None:
+    base, handler = server
+    files = _tiny_v2pro_set(handler, plus)
+    written = download_models(tmp_path, base, files, progress=False)
+    assert sorted(written) == sorted(tmp_path / f.path for f in files)
+    assert (tmp_path / sovits_path(plus)).read_bytes() == handler.files["/mirror/" + sovits_path(plus)]
+    assert (tmp_path / sovits_path(plus)).read_bytes()[:2] == (b"06" if plus else b"05")  # kept as published
+    assert not list(tmp_path.rglob("*.part"))
+    n = len(handler.requests)
+    assert download_models(tmp_path, base, files, progress=False) == [] and len(handler.requests) == n
+
+
+def test_a_file_with_other_tensors_is_refused_and_removed(server, tmp_path: Path) -> None:
+    """A mirror that serves another model (here the SoVITS where the SV model belongs) is caught by the shapes."""
+    base, handler = server
+    files = _tiny_v2pro_set(handler, plus=False)
+    sv = next(f for f in files if f.path.startswith("sv/"))
+    handler.files["/mirror/sv/pretrained_eres2netv2w24s4ep4.ckpt"] = (GOLDEN_V2PRO / "sovits_tiny_v2Pro.pth").read_bytes()
+    with pytest.raises(DownloadError, match=r"sv/pretrained_eres2netv2w24s4ep4\.ckpt: its tensors are not those of "
+                                            r"upstream's released file \(534 checked tensors, expected 844"):
+        download_models(tmp_path, base, [sv], progress=False)
+    assert not (tmp_path / sv.path).exists() and not list(tmp_path.rglob("*.part"))
+
+
+def test_an_error_page_instead_of_a_checkpoint_is_refused(server, tmp_path: Path) -> None:
+    base, handler = server
+    handler.files["/mirror/v2Pro/s2Gv2Pro.pth"] = b"<html>Too many requests</html>"
+    with pytest.raises(DownloadError, match=r"v2Pro/s2Gv2Pro\.pth: not a PyTorch checkpoint .*download_base_url"):
+        download_models(tmp_path, base, [MODEL_SETS["v2Pro"].sovits], progress=False)
+    assert not list(tmp_path.rglob("*.pth*"))
+
+
+def test_the_gpt_of_the_v2pro_set_is_checked_by_its_size(server, tmp_path: Path) -> None:
+    base, handler = server
+    handler.files["/mirror/s1v3.ckpt"] = b"short"
+    with pytest.raises(DownloadError, match=r"s1v3\.ckpt: got 5 bytes, expected 155284856"):
+        download_models(tmp_path, base, [MODEL_SETS["v2Pro"].gpt], progress=False)
+    assert not (tmp_path / "s1v3.ckpt").exists()
+
+
+def _cli_config(tmp_path: Path, base: str, **models: str) -> Path:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"models": {"dir": "models", "download_base_url": base, **models}}))
+    return cfg
+
+
+def _present(dest: Path, files) -> None:
+    for f in files:
+        (dest / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (dest / f.path).write_bytes(b"present")
+
+
+def test_models_download_fetches_the_configured_family(server, tmp_path: Path, capsys) -> None:
+    """`models download` with family v2ProPlus asks for the v2ProPlus files only (present ones are trusted)."""
+    from bot.__main__ import main
+
+    base, handler = server
+    s = MODEL_SETS["v2ProPlus"]
+    _present(tmp_path / "models", [s.gpt, *ENCODERS])
+    handler.files["/mirror/v2Pro/s2Gv2ProPlus.pth"] = b"not served right"
+    assert main(["--config", str(_cli_config(tmp_path, base, family="v2ProPlus")), "models", "download"]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]  # after the progress bar: the error, in one line
+    assert last.startswith("error: v2Pro/s2Gv2ProPlus.pth: not a PyTorch checkpoint")
+    assert [p for p, _ in handler.requests] == ["/mirror/v2Pro/s2Gv2ProPlus.pth"]
+
+
+def test_models_download_leaves_out_a_sovits_the_user_replaced(server, tmp_path: Path, capsys) -> None:
+    """A fine-tuned SoVITS in models.sovits: its family's SV model and GPT are fetched, the pretrained SoVITS not."""
+    from bot.__main__ import main
+
+    base, handler = server
+    s = MODEL_SETS["v2Pro"]
+    _present(tmp_path / "models", [s.gpt, *ENCODERS])
+    (tmp_path / "mine.pth").write_bytes((GOLDEN_V2PRO / "sovits_tiny_v2Pro.pth").read_bytes())
+    cfg = _cli_config(tmp_path, base, family="v2Pro", sovits="mine.pth")
+    assert main(["--config", str(cfg), "models", "download"]) == 2  # the server has no SV file
+    assert "sv/pretrained_eres2netv2w24s4ep4.ckpt" in capsys.readouterr().err
+    assert [p for p, _ in handler.requests] == ["/mirror/sv/pretrained_eres2netv2w24s4ep4.ckpt"]
+    _present(tmp_path / "models", s.extra)
+    assert main(["--config", str(cfg), "models", "download"]) == 0
+    assert capsys.readouterr().out.strip() == f"all v2Pro model files present in {tmp_path / 'models'}"

@@ -318,7 +318,7 @@ async def test_501_is_not_logged_as_an_error(server: Server, session, caplog) ->
 @pytest.mark.parametrize("http, needle", [
     ({"rate_limit_key": "user"}, "rate_limit_key must be one of address, token, none"),
     ({"trusted_networks": ["192.168.1.0/33"]}, "trusted_networks: '192.168.1.0/33' is not an address or network"),
-    ({"idle_timeout_s": 0}, "idle_timeout_s must be above 0 seconds"),
+    ({"idle_timeout_s": 0}, "http.idle_timeout_s must be a finite number above 0"),
     ({"voice_aliases": ["alloy"]}, "http.voice_aliases: expected a mapping"),
     ({"voice_aliases": {"alloy": ""}}, "voice_aliases: 'alloy': '' needs a client name and a stored voice name"),
 ])
