@@ -27,6 +27,7 @@ import soxr
 
 from engines import SAMPLE_RATE, SSL_SAMPLE_RATE
 from synthesis.types import AudioInputError
+from synthesis.vad import VAD_FRAME_S, VAD_RATE, speech_probability
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ _EXACT_LENGTH_FORMATS = ("flac", "mov", "matroska", "ogg")
 FRAME_S = 0.02  # s, analysis frame (and cut granularity) for voice activity
 SILENCE_DBFS = -60.0  # dBFS, a clip whose loudest frame is quieter than this is silent
 MIN_DYNAMIC_DB = 6.0  # dB, loud frames must stand this far above the floor to count as speech at all
+VAD_THRESHOLD = 0.5  # Silero VAD probability at or above which a frame is voiced (the model's own default)
 SPEECH_FRACTION = 0.35  # speech threshold sits this fraction of the way from the noise floor to the loud level
 GAP_FILL_S = 0.4  # s, pauses this short inside speech count as speech (between words)
 MIN_ISLAND_S = 0.1  # s, louder bursts shorter than this are clicks, not speech
@@ -445,9 +447,10 @@ class StreamResampler:
 def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) -> Reference:
     """Turn a decoded upload into a model-ready reference clip.
 
-    Steps: remove DC, resample to 32 kHz, find speech by frame energy against the clip's own noise floor, refuse
-    silence / steady noise / too little speech, pick the best ``min_s``-``max_s`` stretch (the most continuous
-    speech, cut where the energy is low), normalise loudness without clipping, fade the cut points.
+    Steps: remove DC, resample to 32 kHz, find speech (frames the voice detector, :mod:`synthesis.vad`, hears as a
+    voice and that stand out of the clip's own noise floor; by loudness alone when the detector hears no voice),
+    refuse silence / steady noise / too little speech, pick the best ``min_s``-``max_s`` stretch (the most
+    continuous speech, cut in pauses or outside it), normalise loudness without clipping, fade the cut points.
 
     Parameters
     ----------
@@ -486,8 +489,19 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
             "no speech found: the clip is a steady sound (noise, hum or a tone) with no pauses; record yourself "
             "speaking in a quiet room"
         )
+    voice = _voice_frames(x, n_frames)  # [F] bool, or None without the VAD model
+    by_voice = voice is not None and float(voice.sum()) * FRAME_S >= min_s
+    if by_voice:
+        # The voice detector found enough speech: only voiced frames count, so a noise burst, music or another
+        # loud sound beside the speech is a pause to the stretch choice, never "speech" (an energy gate's mistake).
+        loud_db = float(np.percentile(db[voice], 99))
+    elif voice is not None:
+        # It hears (almost) no voice (a synthetic signal, singing, an unusual voice): loudness alone decides.
+        log.info("the voice detector heard %.1f s of speech; choosing the reference by loudness",
+                 float(voice.sum()) * FRAME_S)
     threshold = max(floor_db + SPEECH_FRACTION * (loud_db - floor_db), SILENCE_DBFS)
-    speech = _clean_mask(db > threshold)  # [F] bool
+    loud = db > threshold  # [F] bool, stands out of the noise floor
+    speech = _clean_mask(loud & voice if by_voice and voice is not None else loud)  # [F] bool
     speech_s = float(speech.sum()) * FRAME_S
     if speech_s < min_s:
         raise AudioInputError(
@@ -495,7 +509,7 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
             "record a sentence or two"
         )
 
-    start, end = _best_stretch(db, speech, floor_db, loud_db, min_s, max_s)
+    start, end = _best_stretch(db, speech, loud, floor_db, loud_db, min_s, max_s)
     warnings = _quality_warnings(src, dec.sample_rate, db, speech, start, end)
 
     clip = x[start * hop : end * hop].astype(np.float32, copy=True)
@@ -550,8 +564,18 @@ def _runs(mask: np.ndarray) -> list[tuple[bool, int, int]]:
     return [(bool(mask[s]), int(s), int(n)) for s, n in zip(starts, lengths)]
 
 
+def _voice_frames(x: np.ndarray, n_frames: int) -> np.ndarray | None:
+    """``[n_frames]`` bool: the VAD hears a voice in each :data:`FRAME_S` frame of ``x`` (32 kHz); None without it."""
+    prob = speech_probability(resample(x, SAMPLE_RATE, VAD_RATE))  # [T] per 32 ms
+    if prob is None or prob.size == 0:
+        return None
+    centres = (np.arange(n_frames) + 0.5) * FRAME_S  # s
+    idx = np.minimum((centres / VAD_FRAME_S).astype(np.int64), prob.size - 1)
+    return prob[idx] >= VAD_THRESHOLD
+
+
 def _best_stretch(
-    db: np.ndarray, speech: np.ndarray, floor_db: float, loud_db: float, min_s: float, max_s: float
+    db: np.ndarray, speech: np.ndarray, loud: np.ndarray, floor_db: float, loud_db: float, min_s: float, max_s: float
 ) -> tuple[int, int]:
     """Frame range ``[start, end)`` of the best stretch of speech, ``min_s``-``max_s`` long where possible.
 
@@ -566,6 +590,7 @@ def _best_stretch(
         start, end = first, last
     else:
         level = np.clip((db - floor_db) / max(loud_db - floor_db, 1e-6), 0.0, 1.0)  # [F] 0 = floor, 1 = loud
+        level[loud & ~speech] = 0.0  # cutting through a loud non-speech sound costs nothing: it is not a word
         # cost of a cut at boundary b (between frame b-1 and b): the quieter neighbour's level
         left = np.concatenate([[level[0]], level])
         right = np.concatenate([level, [level[-1]]])
@@ -581,10 +606,11 @@ def _best_stretch(
             if score[i] > best_score + 1e-9:
                 best_score, start, end = float(score[i]), int(s[i]), int(e[i])
     pad = int(round(EDGE_PAD_S / FRAME_S))
+    quiet = ~speech & ~loud  # padding goes into silence only, never into a noise burst next to the speech
     for _ in range(pad):  # keep a little silence around the speech, one frame per side at a time
-        if start > 0 and not speech[start - 1] and end - start < max_f:
+        if start > 0 and quiet[start - 1] and end - start < max_f:
             start -= 1
-        if end < speech.size and not speech[end] and end - start < max_f:
+        if end < speech.size and quiet[end] and end - start < max_f:
             end += 1
     return start, end
 
