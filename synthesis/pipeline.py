@@ -164,6 +164,11 @@ class Synthesizer:
                 if isinstance(item, BaseException):
                     raise item
                 current, waited = item
+                if audio_s > 0.0:
+                    # The request is speaking: the rest of it is finished, never cut part-way. Its jobs still wait
+                    # only behind the requests admitted before it (the scheduler's order), so the wait is bounded
+                    # by work already admitted, and the overall ``deadline`` still applies.
+                    waited.wait_s = math.inf
                 waited.start(self.clock())  # somebody waits for this sentence from now on
                 chunk = await current
                 current = None
