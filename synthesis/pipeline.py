@@ -22,7 +22,7 @@ import numpy as np
 
 from engines import (SAMPLE_RATE, SAMPLES_PER_TOKEN, SSL_SAMPLE_RATE, Engine, SamplingParams, SemanticRequest,
                      SpeechError, VoicePrompt)
-from synthesis.audio import decode_upload, prepare_reference, resample
+from synthesis.audio import decode_upload, fade_edges, prepare_reference, raised_cosine, resample
 from synthesis.cache import SynthesisCache
 from synthesis.scheduler import BACKGROUND, LIVE, Clock, Deadline, DeviceWorker
 from synthesis.text import Phonemes, SentenceStream, bert_features, normalize_for_cache, split_sentences, text_to_phonemes
@@ -32,7 +32,6 @@ from synthesis.voices import VoiceError, VoiceStore, check_name
 log = logging.getLogger(__name__)
 
 LOOKAHEAD = 2  # sentences rendered ahead of the one being yielded
-FADE_S = 0.004  # seconds of fade at each sentence edge, so joins with the silence never click
 METRIC_WINDOW = 512  # recent samples kept for the ttfa / rtf histograms
 WARM_UP_TOKENS = 8  # GPT steps of the start-up warm-up run
 EARLY_HOLDBACK_TOKENS = 4  # the early chunk's last tokens lack right context: the full decode replaces them
@@ -342,7 +341,7 @@ class Synthesizer:
             if handover is not None:
                 emitted, head = handover
                 audio = _stitch(head, audio, emitted)
-            audio = _fade_edges(audio)
+            audio = fade_edges(audio)
             if cached:
                 self.cache.put_audio(akey, audio, voice.id)
         gap = np.zeros(int(round(SAMPLE_RATE * p.fragment_interval)), dtype=np.float32)
@@ -365,7 +364,7 @@ class Synthesizer:
             early.result.set_result((emitted, head))
             timings = {"gpt_s": 0.0, "sovits_s": time.perf_counter() - t0, "prosody_hit": 0.0, "audio_hit": 0.0,
                        "partial": 1.0}
-            return AudioChunk(_fade_edges(head[:emitted], tail=False), sentence, 0, SAMPLE_RATE, timings)
+            return AudioChunk(fade_edges(head[:emitted], tail=False), sentence, 0, SAMPLE_RATE, timings)
         finally:
             if not early.result.done():
                 early.result.set_result(None)
@@ -659,31 +658,13 @@ def _sentence_seed(seed: int, norm_text: str) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
-def _fade_edges(audio: np.ndarray, tail: bool = True) -> np.ndarray:
-    """Short raised-cosine fades at both ends (no click against the inter-sentence silence)."""
-    n = min(int(SAMPLE_RATE * FADE_S), audio.size // 2)
-    if n <= 0:
-        return audio
-    ramp = _ramp(n)
-    out = audio.copy()
-    out[:n] *= ramp
-    if tail:
-        out[-n:] *= ramp[::-1]
-    return out
-
-
-def _ramp(n: int) -> np.ndarray:
-    """``[n]`` float32 raised-cosine rise from 0 to 1."""
-    return (0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, n, dtype=np.float32))).astype(np.float32)
-
-
 def _stitch(head: np.ndarray, full: np.ndarray, emitted: int) -> np.ndarray:
     """The full decode, with the early chunk's samples before ``emitted`` and a crossfade after them."""
     out = full.copy()
     out[:emitted] = head[:emitted]
     n = max(0, min(CROSSFADE_SAMPLES, head.size - emitted, full.size - emitted))
     if n:
-        rise = _ramp(n)
+        rise = raised_cosine(n)
         out[emitted:emitted + n] = head[emitted:emitted + n] * (1 - rise) + full[emitted:emitted + n] * rise
     return out
 

@@ -23,7 +23,7 @@ from synthesis.audio import (
     prepare_reference,
     resample,
 )
-from synthesis.types import AudioInputError
+from synthesis.types import AudioChunk, AudioInputError, to_pcm16
 
 MB = 1_000_000
 LIMITS = dict(max_bytes=25 * MB, max_seconds=600.0)
@@ -382,7 +382,7 @@ TOLERANCE_S = {"wav": 0.001, "flac": 0.001, "ogg": 0.02, "opus": 0.02, "mp3": 0.
 def test_encode_audio_decodes_back(fmt: str) -> None:
     data = encode_audio(TONE, 32000, fmt)
     if fmt in ("raw", "pcm"):
-        assert data == (TONE * 32767).astype("<i2").tobytes()
+        assert data == np.rint(TONE * 32767).astype("<i2").tobytes()
         return
     dec = decode_upload(data, **LIMITS)  # type: ignore[arg-type]
     assert abs(dec.duration_s - 2.5) <= (0.02 if fmt == "mp3" else TOLERANCE_S[fmt]), dec.duration_s
@@ -407,6 +407,21 @@ def test_stream_encoder_decodes_back(fmt: str) -> None:
     dec = decode_upload(data, **LIMITS)  # type: ignore[arg-type]
     assert abs(dec.duration_s - 2.5) <= TOLERANCE_S[fmt], dec.duration_s
     assert dec.sample_rate == (48000 if fmt in ("ogg", "opus") else 32000)
+
+
+def test_one_float_to_int16_conversion_rounds_and_clips() -> None:
+    """Issue 14, 6: every path to s16 (raw, wav, flac, a chunk's to_int16) gives the same rounded, clipped values."""
+    x = np.array([0.0, 0.5 / 32767, -0.5 / 32767, 0.7 / 32767, -0.7 / 32767, 1.0, -1.0, 1.5, -1.5, 0.25], np.float32)
+    expected = np.array([0, 0, 0, 1, -1, 32767, -32767, 32767, -32767, 8192], np.int16)  # rint: half to even
+    assert np.array_equal(to_pcm16(x), expected)
+    assert np.array_equal(AudioChunk(x, "s", 0).to_int16(), expected)
+    assert encode_audio(x, 32000, "raw") == expected.astype("<i2").tobytes()
+    assert encode_audio(x, 32000, "wav")[44:] == expected.astype("<i2").tobytes()
+    flac, _ = sf.read(io.BytesIO(encode_audio(TONE, 32000, "flac")), dtype="int16")
+    assert np.array_equal(flac, to_pcm16(TONE))
+    pcm = to_pcm16(TONE)  # int16 in: unchanged through the float codec path too
+    flac16, _ = sf.read(io.BytesIO(encode_audio(pcm, 32000, "flac")), dtype="int16")
+    assert np.array_equal(flac16, pcm)
 
 
 def test_int16_input_and_unknown_format() -> None:
