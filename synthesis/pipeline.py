@@ -373,6 +373,7 @@ class Synthesizer:
                         deadline: Deadline | None, priority: int, order: tuple[int, ...],
                         on_tokens: Callable[[np.ndarray], None] | None = None) -> tuple[np.ndarray, float]:
         """BERT features (zh only) then the GPT, both on the device worker."""
+        await self._load_bert_for(ph)  # type: ignore[arg-type]
         bert = await self.worker.call(lambda: bert_features(ph, self.engine.text_features),  # type: ignore[arg-type]
                                       priority=priority, order=order, deadline=deadline)
         sampling = SamplingParams(top_k=p.top_k, top_p=p.top_p, temperature=p.temperature,
@@ -380,6 +381,13 @@ class Synthesizer:
         request = SemanticRequest(ph.ids, bert, prompt, sampling)  # type: ignore[attr-defined]
         return await self.worker.semantic(request, priority=priority, order=order, deadline=deadline,
                                           on_tokens=on_tokens)
+
+    async def _load_bert_for(self, ph: Phonemes) -> None:
+        """Load BERT in a helper thread before the first Chinese text needs it: the load takes seconds, and on the
+        single device thread it would stall every other listener's speech meanwhile (issue 14)."""
+        encoders = getattr(self.engine, "encoders", None)  # the engines that use BERT load it lazily there
+        if encoders is not None and any(piece.lang == "zh" for piece in ph.pieces):
+            await asyncio.to_thread(encoders.bert)
 
     def _cacheable(self, p: SynthesisParams) -> bool:
         """May this request's results be stored and served? (``SynthesisCache.cacheable``: the seed policy)."""
@@ -452,6 +460,7 @@ class Synthesizer:
             ph = await asyncio.to_thread(text_to_phonemes, prompt_text, language)
             # checked before the model work, with the tokens the clip will give (25 per second)
             self._check_prompt_room(len(ph.ids), math.ceil(wav16k.size / SSL_SAMPLE_RATE * TOKENS_PER_S))
+            await self._load_bert_for(ph)
             bert = await self.worker.call(lambda: bert_features(ph, self.engine.text_features))
             tokens, ge = await self.worker.call(lambda: self.engine.encode_reference(wav16k, [wav32k], sv_emb=sv_emb))
             return VoicePrompt(np.asarray(tokens, np.int64), np.asarray(ge, np.float32),
@@ -577,7 +586,9 @@ class Synthesizer:
         KV cache allocation and the first-call kernel selection of the GPT and SoVITS."""
         for text, lang in (("Hello 42, how are you?", "en"), ("你好，一二三。", "zh")):
             try:
-                await asyncio.to_thread(text_to_phonemes, text, lang)
+                ph_warm = await asyncio.to_thread(text_to_phonemes, text, lang)
+                if lang == "zh" and self.defaults.language == "zh":  # Chinese is the default: BERT now
+                    await self._load_bert_for(ph_warm)
             except SpeechError as e:  # a missing optional language must not stop the process
                 log.warning("text front-end warm-up for %s failed: %s", lang, e)
         ph = await asyncio.to_thread(text_to_phonemes, "Warming up.", "en")
