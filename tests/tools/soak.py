@@ -116,8 +116,8 @@ async def soak(seconds: float, every: float, clients: int, trace: bool, models: 
     stop = start + seconds
     tasks = [asyncio.create_task(client(url, stop, i, counts)) for i in range(clients)]
     samples: list[tuple[float, float]] = []
-    first_snapshot = None
-    print(f"soak: {clients} clients for {seconds:.0f} s against {url} (tiny models)")
+    first_snapshot = last_snapshot = None
+    print(f"soak: {clients} clients for {seconds:.0f} s against {url} (tiny models)", flush=True)
     print("   t_s  rss_MB  requests")
     try:
         while time.monotonic() < stop:
@@ -127,15 +127,20 @@ async def soak(seconds: float, every: float, clients: int, trace: bool, models: 
             samples.append((t, mb))
             print(f"{t:6.0f} {mb:7.1f}  {sum(counts.values())}", flush=True)
             if trace and first_snapshot is None and t >= seconds / 2:
+                tracemalloc.start(12)  # from the middle on: what is allocated then and still held at the end
                 first_snapshot = tracemalloc.take_snapshot()
         await asyncio.gather(*tasks)
+        gc.collect()
+        last_snapshot = tracemalloc.take_snapshot() if first_snapshot is not None else None
     finally:
         await runner.cleanup()
         await synth.close()
-    if trace and first_snapshot is not None:
+    if first_snapshot is not None and last_snapshot is not None:
         print("Python allocations that grew most over the second half:")
-        for stat in tracemalloc.take_snapshot().compare_to(first_snapshot, "traceback")[:12]:
-            print(f"  {stat.size_diff / 1e3:+9.1f} KB {stat.count_diff:+7d} blocks  {stat.traceback.format()[-1].strip()}")
+        for stat in last_snapshot.compare_to(first_snapshot, "traceback")[:10]:
+            print(f"  {stat.size_diff / 1e3:+9.1f} KB {stat.count_diff:+7d} blocks")
+            for line in stat.traceback.format(most_recent_first=True)[:8]:
+                print("     ", line)
     half = [s for s in samples if s[0] >= seconds / 2]
     if len(half) >= 2:
         (t0, m0), (t1, m1) = half[0], half[-1]
@@ -155,8 +160,6 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true", help="tracemalloc: what grew over the second half")
     ap.add_argument("--models", type=Path, default=None, help="a tiny model folder (default: make one)")
     args = ap.parse_args()
-    if args.trace:
-        tracemalloc.start(8)
     return asyncio.run(soak(args.seconds, args.every, args.clients, args.trace, args.models))
 
 
