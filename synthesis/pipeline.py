@@ -22,7 +22,7 @@ import numpy as np
 
 from engines import (SAMPLE_RATE, SAMPLES_PER_TOKEN, SSL_SAMPLE_RATE, Engine, SamplingParams, SemanticRequest,
                      SpeechError, VoicePrompt)
-from synthesis.audio import decode_upload, fade_edges, prepare_reference, raised_cosine, resample
+from synthesis.audio import fade_edges, raised_cosine, reference_from_upload, resample
 from synthesis.cache import SynthesisCache
 from synthesis.scheduler import BACKGROUND, LIVE, Clock, Deadline, DeviceWorker
 from synthesis.text import Phonemes, SentenceStream, bert_features, normalize_for_cache, split_sentences, text_to_phonemes
@@ -431,9 +431,8 @@ class Synthesizer:
         check_name(name)  # a name the store would refuse is refused before any decoding or encoding
         report("decoding", 0.0)
         lim = self.limits
-        dec = await asyncio.to_thread(decode_upload, data, filename, max_bytes=lim.max_upload_bytes,
-                                      max_seconds=lim.max_upload_s)
-        ref = await asyncio.to_thread(prepare_reference, dec, min_s=lim.min_speech_s, max_s=lim.max_speech_s)
+        ref = await asyncio.to_thread(reference_from_upload, data, filename, max_bytes=lim.max_upload_bytes,
+                                      max_seconds=lim.max_upload_s, min_s=lim.min_speech_s, max_s=lim.max_speech_s)
         report("encoding", 0.3)
         prompt_text = (transcript or enrollment_prompt or "").strip()
         prompt = await self._encode_prompt(ref.wav16k, ref.wav32k, prompt_text, language)

@@ -2,7 +2,7 @@
 
 Issue 16 (item 7) saw RSS rise 4.5 MB/min without a plateau. This runs the server and its clients in one process
 for ``--seconds``, prints the resident set size every ``--every`` seconds, and at the end the growth per minute over
-the second half (after the warm-up: models, caches, allocator pools). ``--trace`` also prints the Python allocations
+the second half and the last 40 % (after the warm-up: models, caches, allocator pools). ``--trace`` also prints the Python allocations
 that grew most between the first and the last sample (tracemalloc; slower).
 
 Run from the repository root: ``python tests/tools/soak.py --seconds 300``.
@@ -141,11 +141,14 @@ async def soak(seconds: float, every: float, clients: int, trace: bool, models: 
             print(f"  {stat.size_diff / 1e3:+9.1f} KB {stat.count_diff:+7d} blocks")
             for line in stat.traceback.format(most_recent_first=True)[:8]:
                 print("     ", line)
-    half = [s for s in samples if s[0] >= seconds / 2]
-    if len(half) >= 2:
-        (t0, m0), (t1, m1) = half[0], half[-1]
-        slope = (m1 - m0) / max(t1 - t0, 1e-9) * 60.0
-        print(f"second half: {m0:.1f} -> {m1:.1f} MB, {slope:+.2f} MB/min; responses {dict(sorted(counts.items()))}")
+    for label, share in (("second half", 0.5), ("last 40 %", 0.6)):
+        part = [s for s in samples if s[0] >= seconds * share]
+        if len(part) >= 2:
+            (t0, m0), (t1, m1) = part[0], part[-1]
+            slope = (m1 - m0) / max(t1 - t0, 1e-9) * 60.0
+            print(f"{label}: {m0:.1f} -> {m1:.1f} MB ({min(m for _, m in part):.1f}-{max(m for _, m in part):.1f}), "
+                  f"{slope:+.2f} MB/min")
+    print(f"responses {dict(sorted(counts.items()))}")
     if any(k == "500" for k in counts):
         print("FAIL: 500 answers")
         return 1
