@@ -268,9 +268,8 @@ def _find_voice(config: Any, name: str) -> Any:
 async def _say_async(config: Any, args: argparse.Namespace) -> int:
     import dataclasses
 
-    import soundfile as sf
-
     from bot.services import build_synthesizer, default_params
+    from synthesis import encode_audio
 
     t_load = time.perf_counter()
     synth = build_synthesizer(config)
@@ -312,7 +311,9 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
 
         audio = np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, np.float32)
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        sf.write(args.output, audio, 32000, subtype="PCM_16")
+        fmt = args.output.suffix.lower().lstrip(".")  # the file's own type where it is one we encode, else WAV
+        fmt = fmt if fmt in ("flac", "ogg", "opus", "mp3", "aac") else "wav"
+        args.output.write_bytes(encode_audio(audio, 32000, fmt))
         audio_s = audio.size / 32000
         if args.timings:
             report = {

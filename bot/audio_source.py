@@ -20,7 +20,7 @@ import time
 import discord
 import numpy as np
 
-from synthesis import StreamResampler
+from synthesis import StreamResampler, to_pcm16
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class StreamAudioSource(discord.AudioSource):
             self._rate_in = sample_rate
         out.append(self._resampler.process(x, last=last))
         mono = np.concatenate(out) if len(out) > 1 else out[0]  # [M] float32 @ 48 kHz
-        s16 = np.round(np.clip(mono, -1.0, 1.0) * 32767.0).astype("<i2")
+        s16 = to_pcm16(mono).astype("<i2", copy=False)
         return np.repeat(s16, DISCORD_CHANNELS).tobytes()  # interleaved L R L R ...
 
     async def _put(self, pcm: bytes) -> bool:

@@ -26,7 +26,7 @@ from bot.config import ConfigError, DiscordConfig
 if TYPE_CHECKING:
     from bot.services import Services
 
-__all__ = ("VoiceBot", "run_bot", "ssl_context_for", "check_token")
+__all__ = ("VoiceBot", "ssl_context_for", "check_token")
 
 log = logging.getLogger(__name__)
 
@@ -206,29 +206,3 @@ class VoiceBot(commands.Bot):
                 except Exception:
                     log.exception("speech shutdown failed; closing the Discord connection anyway")
         await super().close()
-
-
-async def run_bot(services: Services, *, token: str | None = None) -> None:
-    """Run the Discord bot until it is closed or cancelled, then shut down cleanly.
-
-    Parameters
-    ----------
-    services : Services
-        The process's services.
-    token : str or None
-        The bot token; by default read from the environment variable named by ``discord.token_env``.
-
-    Raises
-    ------
-    ConfigError
-        No token was given and the environment variable is unset (``__main__`` checks this first).
-    discord.LoginFailure
-        Discord refused the token.
-    """
-    cfg = services.config
-    token = token or cfg.secret(cfg.discord.token_env)
-    if not token:
-        raise ConfigError(f"no Discord bot token: set the environment variable {cfg.discord.token_env}")
-    bot = VoiceBot(services)
-    async with bot:
-        await bot.start(token)

@@ -23,6 +23,7 @@ from synthesis.types import (
     SynthesisParams,
     Voice,
     VoiceNotFound,
+    to_pcm16,
 )
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ __all__ = [
     "SpeechError", "EngineError", "BusyError", "DeadlineError", "VoiceNotFound", "VoiceError", "AudioInputError",
     # audio at the edges: an upload read from disk (size checked first), resampling and encoding for Discord and
     # the HTTP formats
-    "read_upload_file", "resample", "StreamResampler", "encode_audio", "StreamEncoder",
+    "read_upload_file", "resample", "StreamResampler", "encode_audio", "StreamEncoder", "to_pcm16",
 ]
 
 _LAZY = {  # name -> the module that defines it, imported on first use

@@ -21,7 +21,7 @@ import numpy as np
 
 from engines import (SAMPLE_RATE, SAMPLES_PER_TOKEN, SSL_SAMPLE_RATE, Engine, SamplingParams, SemanticRequest,
                      SpeechError, VoicePrompt)
-from synthesis.audio import decode_upload, prepare_reference, resample
+from synthesis.audio import fade_edges, raised_cosine, reference_from_upload, resample
 from synthesis.cache import SynthesisCache
 from synthesis.scheduler import BACKGROUND, LIVE, Clock, Deadline, DeviceWorker
 from synthesis.text import Phonemes, SentenceStream, bert_features, normalize_for_cache, split_sentences, text_to_phonemes
@@ -31,7 +31,6 @@ from synthesis.voices import VoiceError, VoiceStore, check_name
 log = logging.getLogger(__name__)
 
 LOOKAHEAD = 2  # sentences rendered ahead of the one being yielded
-FADE_S = 0.004  # seconds of fade at each sentence edge, so joins with the silence never click
 METRIC_WINDOW = 512  # recent samples kept for the ttfa / rtf histograms
 WARM_UP_TOKENS = 8  # GPT steps of the start-up warm-up run
 EARLY_HOLDBACK_TOKENS = 4  # the early chunk's last tokens lack right context: the full decode replaces them
@@ -147,6 +146,11 @@ class Synthesizer:
                 if isinstance(item, BaseException):
                     raise item
                 current, waited = item
+                if audio_s > 0.0:
+                    # The request is speaking: the rest of it is finished, never cut part-way. Its jobs still wait
+                    # only behind the requests admitted before it (the scheduler's order), so the wait is bounded
+                    # by work already admitted, and the overall ``deadline`` still applies.
+                    waited.wait_s = math.inf
                 waited.start(self.clock())  # somebody waits for this sentence from now on
                 chunk = await current
                 current = None
@@ -320,7 +324,7 @@ class Synthesizer:
             if handover is not None:
                 emitted, head = handover
                 audio = _stitch(head, audio, emitted)
-            audio = _fade_edges(audio)
+            audio = fade_edges(audio)
             if cached:
                 self.cache.put_audio(akey, audio, voice.id)
         gap = np.zeros(int(round(SAMPLE_RATE * p.fragment_interval)), dtype=np.float32)
@@ -343,7 +347,7 @@ class Synthesizer:
             early.result.set_result((emitted, head))
             timings = {"gpt_s": 0.0, "sovits_s": time.perf_counter() - t0, "prosody_hit": 0.0, "audio_hit": 0.0,
                        "partial": 1.0}
-            return AudioChunk(_fade_edges(head[:emitted], tail=False), sentence, 0, SAMPLE_RATE, timings)
+            return AudioChunk(fade_edges(head[:emitted], tail=False), sentence, 0, SAMPLE_RATE, timings)
         finally:
             if not early.result.done():
                 early.result.set_result(None)
@@ -352,6 +356,7 @@ class Synthesizer:
                         deadline: Deadline | None, priority: int, order: tuple[int, ...],
                         on_tokens: Callable[[np.ndarray], None] | None = None) -> tuple[np.ndarray, float]:
         """BERT features (zh only) then the GPT, both on the device worker."""
+        await self._load_bert_for(ph)  # type: ignore[arg-type]
         bert = await self.worker.call(lambda: bert_features(ph, self.engine.text_features),  # type: ignore[arg-type]
                                       priority=priority, order=order, deadline=deadline)
         sampling = SamplingParams(top_k=p.top_k, top_p=p.top_p, temperature=p.temperature,
@@ -359,6 +364,13 @@ class Synthesizer:
         request = SemanticRequest(ph.ids, bert, prompt, sampling)  # type: ignore[attr-defined]
         return await self.worker.semantic(request, priority=priority, order=order, deadline=deadline,
                                           on_tokens=on_tokens)
+
+    async def _load_bert_for(self, ph: Phonemes) -> None:
+        """Load BERT in a helper thread before the first Chinese text needs it: the load takes seconds, and on the
+        single device thread it would stall every other listener's speech meanwhile (issue 14)."""
+        encoders = getattr(self.engine, "encoders", None)  # the engines that use BERT load it lazily there
+        if encoders is not None and any(piece.lang == "zh" for piece in ph.pieces):
+            await asyncio.to_thread(encoders.bert)
 
     def _cacheable(self, p: SynthesisParams) -> bool:
         """May this request's results be stored and served? (``SynthesisCache.cacheable``: the seed policy)."""
@@ -402,9 +414,8 @@ class Synthesizer:
         check_name(name)  # a name the store would refuse is refused before any decoding or encoding
         report("decoding", 0.0)
         lim = self.limits
-        dec = await asyncio.to_thread(decode_upload, data, filename, max_bytes=lim.max_upload_bytes,
-                                      max_seconds=lim.max_upload_s)
-        ref = await asyncio.to_thread(prepare_reference, dec, min_s=lim.min_speech_s, max_s=lim.max_speech_s)
+        ref = await asyncio.to_thread(reference_from_upload, data, filename, max_bytes=lim.max_upload_bytes,
+                                      max_seconds=lim.max_upload_s, min_s=lim.min_speech_s, max_s=lim.max_speech_s)
         report("encoding", 0.3)
         prompt_text = (transcript or enrollment_prompt or "").strip()
         prompt = await self._encode_prompt(ref.wav16k, ref.wav32k, prompt_text, language)
@@ -431,6 +442,7 @@ class Synthesizer:
             ph = await asyncio.to_thread(text_to_phonemes, prompt_text, language)
             # checked before the model work, with the tokens the clip will give (25 per second)
             self._check_prompt_room(len(ph.ids), math.ceil(wav16k.size / SSL_SAMPLE_RATE * TOKENS_PER_S))
+            await self._load_bert_for(ph)
             bert = await self.worker.call(lambda: bert_features(ph, self.engine.text_features))
             tokens, ge = await self.worker.call(lambda: self.engine.encode_reference(wav16k, [wav32k], sv_emb=sv_emb))
             return VoicePrompt(np.asarray(tokens, np.int64), np.asarray(ge, np.float32),
@@ -556,7 +568,9 @@ class Synthesizer:
         KV cache allocation and the first-call kernel selection of the GPT and SoVITS."""
         for text, lang in (("Hello 42, how are you?", "en"), ("你好，一二三。", "zh")):
             try:
-                await asyncio.to_thread(text_to_phonemes, text, lang)
+                ph_warm = await asyncio.to_thread(text_to_phonemes, text, lang)
+                if lang == "zh" and self.defaults.language == "zh":  # Chinese is the default: BERT now
+                    await self._load_bert_for(ph_warm)
             except SpeechError as e:  # a missing optional language must not stop the process
                 log.warning("text front-end warm-up for %s failed: %s", lang, e)
         ph = await asyncio.to_thread(text_to_phonemes, "Warming up.", "en")
@@ -637,31 +651,13 @@ def _sentence_seed(seed: int, norm_text: str) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
-def _fade_edges(audio: np.ndarray, tail: bool = True) -> np.ndarray:
-    """Short raised-cosine fades at both ends (no click against the inter-sentence silence)."""
-    n = min(int(SAMPLE_RATE * FADE_S), audio.size // 2)
-    if n <= 0:
-        return audio
-    ramp = _ramp(n)
-    out = audio.copy()
-    out[:n] *= ramp
-    if tail:
-        out[-n:] *= ramp[::-1]
-    return out
-
-
-def _ramp(n: int) -> np.ndarray:
-    """``[n]`` float32 raised-cosine rise from 0 to 1."""
-    return (0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, n, dtype=np.float32))).astype(np.float32)
-
-
 def _stitch(head: np.ndarray, full: np.ndarray, emitted: int) -> np.ndarray:
     """The full decode, with the early chunk's samples before ``emitted`` and a crossfade after them."""
     out = full.copy()
     out[:emitted] = head[:emitted]
     n = max(0, min(CROSSFADE_SAMPLES, head.size - emitted, full.size - emitted))
     if n:
-        rise = _ramp(n)
+        rise = raised_cosine(n)
         out[emitted:emitted + n] = head[emitted:emitted + n] * (1 - rise) + full[emitted:emitted + n] * rise
     return out
 

@@ -125,6 +125,19 @@ class Voice:
     model_id: str  # identity of the model that encoded it
 
 
+PCM16_SCALE = 32767.0  # full scale of s16 PCM: +1.0 -> 32767, -1.0 -> -32767 (symmetric, never -32768)
+
+
+def to_pcm16(samples: np.ndarray) -> np.ndarray:
+    """Float audio -> ``[N]`` int16: clipped to [-1, 1], scaled by :data:`PCM16_SCALE`, rounded to the nearest step.
+
+    The one float -> int16 conversion (Discord, every HTTP format, WAV files): rounding, not truncation, so the
+    error is at most half a step and symmetric around 0 (truncation pulls every sample toward 0 by up to a step).
+    """
+    x = np.asarray(samples, dtype=np.float32)
+    return np.rint(np.clip(x, -1.0, 1.0) * np.float32(PCM16_SCALE)).astype(np.int16)
+
+
 @dataclass(frozen=True)
 class AudioChunk:
     """A piece of synthesized speech.
@@ -140,7 +153,8 @@ class AudioChunk:
     timings: dict[str, float] = field(default_factory=dict)  # gpt_s, sovits_s, prosody_hit, audio_hit
 
     def to_int16(self) -> np.ndarray:
-        return (np.clip(self.audio, -1.0, 1.0) * 32767.0).astype(np.int16)
+        """``[N]`` int16 (:func:`to_pcm16`)."""
+        return to_pcm16(self.audio)
 
 
 class SpeechSynthesizer(Protocol):

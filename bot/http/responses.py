@@ -25,7 +25,7 @@ from aiohttp import web
 
 from bot.http.metrics import HttpMetrics
 from synthesis import (AudioChunk, AudioInputError, BusyError, DeadlineError, EngineError, SpeechError, StreamEncoder,
-                       StreamResampler, VoiceNotFound, encode_audio, resample)
+                       StreamResampler, VoiceNotFound, encode_audio, resample, to_pcm16)
 
 if TYPE_CHECKING:
     from bot.services import Services
@@ -129,7 +129,7 @@ class _G711:
     def encode(self, audio: np.ndarray) -> bytes:
         if audio.size == 0:
             return b""
-        pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)[None, :]  # [1, N] s16
+        pcm = to_pcm16(audio)[None, :]  # [1, N] s16
         frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
         frame.sample_rate = self._rate
         return b"".join(bytes(p) for p in self._codec.encode(frame))

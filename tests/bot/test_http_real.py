@@ -28,7 +28,7 @@ from bot.http import start_server
 from bot.services import Services, build_synthesizer, default_params
 from synthesis.audio import resample
 from synthesis.pipeline import Synthesizer
-from synthesis.types import SynthesisParams, Voice
+from synthesis.types import SynthesisParams, Voice, to_pcm16
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -67,7 +67,7 @@ class Env:
         if key not in self._references:
             v = self.reference_synth.voices.get(self.voices[voice].id)
             audio, _ = await self.reference_synth.synthesize(text, v, self.params())
-            self._references[key] = (np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
+            self._references[key] = to_pcm16(audio)
         return self._references[key]
 
 
