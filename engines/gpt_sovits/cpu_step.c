@@ -165,12 +165,13 @@ static void gemv_rows(const gemv_job *j, int B, int r0, int r1, int wkind) {
 /* A parallel loop over `units` in chunks that the caller and the workers claim from one counter. The caller never
  * waits for a worker that has not claimed anything, so a worker that is asleep or descheduled costs nothing; it
  * waits only for chunks a worker claimed and has not finished. If that wait is long (the worker lost its core to
- * another process mid-chunk), the team goes solo for VB_SOLO_STEPS steps: on shared cores one thread that keeps its
- * core beats two that wait for each other. */
+ * another process mid-chunk) twice within VB_SOLO_STEPS steps, the team goes solo for VB_SOLO_STEPS steps: on cores
+ * shared for good one thread that keeps its core beats two that wait for each other, while a short task that takes
+ * a core now and then (an event loop, an audio encoder) costs only its own wait. */
 #ifndef VB_STALL_NS
 #define VB_STALL_NS 1500000  /* a wait this long means the worker lost its core (a scheduler time slice) */
 #endif
-#define VB_SOLO_STEPS 32     /* steps run single-threaded after a stall, then two threads are tried again */
+#define VB_SOLO_STEPS 64     /* steps run single-threaded after repeated stalls, then two threads again */
 #define VB_YIELD_NS 50000    /* a worker with no work for this long yields its core to any thread that wants it */
 #define VB_IDLE_NS 2000000   /* a worker with no work for this long naps (100 us) between polls... */
 #define VB_SLEEP_NS 50000000 /* ...and after this long sleeps until the next step wakes it (an idle bot costs 0) */
@@ -192,6 +193,7 @@ typedef struct {
     atomic_int quit;
     par_job job;
     int solo_steps;      /* steps left to run single-threaded */
+    long steps, last_stall_step;  /* steps run with the team; the step of the last stall */
     long stalls;         /* stalls seen (reported to the caller for the logs) */
     atomic_flag busy;    /* held by the call that uses the team; a concurrent call runs on its own thread */
     atomic_int sleeping; /* workers blocked on `wake` */
@@ -199,7 +201,7 @@ typedef struct {
     pthread_cond_t wake;
 } team_t;
 
-static team_t g_team = {.threads = 1, .busy = ATOMIC_FLAG_INIT, .lock = PTHREAD_MUTEX_INITIALIZER,
+static team_t g_team = {.threads = 1, .busy = ATOMIC_FLAG_INIT, .last_stall_step = -(1L << 40), .lock = PTHREAD_MUTEX_INITIALIZER,
                          .wake = PTHREAD_COND_INITIALIZER};
 
 static inline uint64_t now_ns(void) {
@@ -312,14 +314,18 @@ static void parallel(unit_fn fn, void *ctx, int units, int chunk) {
     run_chunks(&g_team.job, gen);
     if (atomic_load_explicit(&g_team.finished, memory_order_acquire) == units) return;
     uint64_t t0 = now_ns();
-    int polls = 0;
+    int polls = 0, stalled = 0;
     while (atomic_load_explicit(&g_team.finished, memory_order_acquire) < units) {
         cpu_relax();
         if (++polls == 64) {
             polls = 0;
-            if (now_ns() - t0 > VB_STALL_NS && g_team.solo_steps == 0) {
-                g_team.solo_steps = VB_SOLO_STEPS;
+            if (now_ns() - t0 > VB_STALL_NS && !stalled) {
+                stalled = 1;
                 g_team.stalls++;
+                /* one stall (a short task took the core once) costs its wait; a second within VB_SOLO_STEPS steps
+                 * means the core is shared for good: run alone for a while */
+                if (g_team.steps - g_team.last_stall_step < VB_SOLO_STEPS) g_team.solo_steps = VB_SOLO_STEPS;
+                g_team.last_stall_step = g_team.steps;
             }
         }
     }
@@ -499,10 +505,10 @@ static void attend_unit(void *ctx, int u0, int u1) {
 
 /* Runs every layer for B rows. h: [B, dim] fp32 residual stream, in and out. slots/positions: [B] cache row and the
  * position the new token is written to (it attends to [0, position]). scratch: at least
- * B * (4 * dim + 2 * ffn) + 16 floats. Returns 0, or -1 for arguments out of range. */
+ * B * (4 * dim + 2 * ffn) + 16 floats. head: the fp32 output head [vocab, dim] (or NULL), logits [B, vocab] out. Returns 0, or -1 for arguments out of range. */
 int vb_decode_layers(const int64_t *params, int layers, int dim, int heads, int ffn, int wkind, int kvkind, int B,
                      float *h, const int64_t *slots, const int64_t *positions, int max_slots, int max_len,
-                     float eps, float *scratch) {
+                     float eps, float *scratch, const float *head, int vocab, float *logits) {
     if (B < 1 || B > VB_MAX_ROWS || dim % heads) return -1;
     const int hd = dim / heads;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -514,7 +520,10 @@ int vb_decode_layers(const int64_t *params, int layers, int dim, int heads, int 
     for (int b = 0; b < B; b++)
         if (slots[b] < 0 || slots[b] >= max_slots || positions[b] < 0 || positions[b] >= max_len) return -1;
     tl_team = g_team.threads > 1 && !atomic_flag_test_and_set(&g_team.busy);
-    if (tl_team && g_team.solo_steps > 0) g_team.solo_steps--;
+    if (tl_team) {
+        g_team.steps++;
+        if (g_team.solo_steps > 0) g_team.solo_steps--;
+    }
     for (int i = 0; i < layers; i++) {
         const int64_t *p = params + (size_t)i * P_PER_LAYER;
         char *kv = (char *)(intptr_t)p[P_KV];
@@ -549,6 +558,10 @@ int vb_decode_layers(const int64_t *params, int layers, int dim, int heads, int 
         for (int b = 0; b < B; b++)
             add_norm(h + (size_t)b * dim, att + (size_t)b * dim, (const float *)(intptr_t)p[P_N2],
                      (const float *)(intptr_t)p[P_N2 + 1], dim, eps);
+    }
+    if (head) {  /* the output head: fp32 [vocab, dim], no bias */
+        gemv_job o = {head, NULL, NULL, vocab, dim, 0, h, NULL, NULL, logits};
+        gemv(&o, B, W_FP32, xq, xscale);
     }
     if (tl_team) atomic_flag_clear(&g_team.busy);
     tl_team = 0;

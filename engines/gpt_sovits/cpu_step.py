@@ -88,7 +88,8 @@ def build_library(cc: str, cflags: tuple[str, ...] = CFLAGS, directory: Path | N
     lib = ctypes.CDLL(str(out))
     lib.vb_decode_layers.restype = ctypes.c_int
     lib.vb_decode_layers.argtypes = [ctypes.c_void_p, *[ctypes.c_int] * 7, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_void_p]
+                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     lib.vb_set_threads.restype = ctypes.c_int
     lib.vb_set_threads.argtypes = [ctypes.c_int]
     lib.vb_stalls.restype = ctypes.c_long
@@ -141,6 +142,7 @@ class FusedStep:
         bias)`` with weight ``[out, in]`` fp32 (scale ``None``) or int8 with a ``[out]`` fp32 scale; the two norms as
         ``(weight, bias)``.
     kv: per layer cache ``[2, slots, heads, max_len, head_dim]`` fp32 or bf16, contiguous.
+    head: the output head ``[vocab, dim]`` fp32 (no bias).
     dim, heads, ffn, eps: the architecture.
 
     Notes
@@ -150,8 +152,8 @@ class FusedStep:
     """
 
     def __init__(self, lib: ctypes.CDLL, layers: list[tuple[list[tuple[torch.Tensor, torch.Tensor | None,
-                 torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]], kv: list[torch.Tensor], *,
-                 dim: int, heads: int, ffn: int, eps: float) -> None:
+                 torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]], kv: list[torch.Tensor],
+                 head: torch.Tensor, *, dim: int, heads: int, ffn: int, eps: float) -> None:
         self.lib = lib
         self.dim, self.heads, self.ffn, self.eps = dim, heads, ffn, eps
         self.int8 = layers[0][0][0][0].dtype == torch.int8
@@ -175,14 +177,18 @@ class FusedStep:
                 raise ValueError("the KV cache must be contiguous")
             keep.append(cache)
             table.append(cache.data_ptr())
+        if head.dtype != torch.float32 or not head.is_contiguous() or head.shape[1] != dim:
+            raise ValueError(f"the fused step's head must be contiguous fp32 [vocab, {dim}]")
+        self.head, self.vocab = head, int(head.shape[0])
         self._keep = keep
         self.table = torch.tensor(table, dtype=torch.int64)
         self.layers = len(layers)
         self._scratch = torch.empty(0)
 
     def __call__(self, h: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Run every layer on ``h [B, dim]`` fp32 (in place; returned). ``slots``/``positions [B]`` int64: each row's
-        cache row and the position its token is written to (it attends to ``[0, position]``)."""
+        """Run every layer and the head on ``h [B, dim]`` fp32 (overwritten); returns ``[B, vocab]`` fp32 logits.
+        ``slots``/``positions [B]`` int64: each row's cache row and the position its token is written to (it
+        attends to ``[0, position]``)."""
         b = int(h.shape[0])
         if b > MAX_ROWS:
             raise ValueError(f"the fused step decodes at most {MAX_ROWS} rows, got {b}")
@@ -191,11 +197,12 @@ class FusedStep:
             self._scratch = torch.empty(need, dtype=torch.float32)
         h = h.contiguous()
         slots, positions = slots.contiguous(), positions.contiguous()
+        logits = torch.empty(b, self.vocab, dtype=torch.float32)
         rc = self.lib.vb_decode_layers(self.table.data_ptr(), self.layers, self.dim, self.heads, self.ffn,
                                        int(self.int8), int(self.kv_bf16), b, h.data_ptr(), slots.data_ptr(),
                                        positions.data_ptr(), self.slots, self.max_len, self.eps,
-                                       self._scratch.data_ptr())
+                                       self._scratch.data_ptr(), self.head.data_ptr(), self.vocab, logits.data_ptr())
         if rc:
             raise ValueError(f"fused step refused its arguments (rows {b}, slots {slots.tolist()}, positions "
                              f"{positions.tolist()}, cache {self.slots}x{self.max_len})")
-        return h
+        return logits

@@ -355,8 +355,8 @@ class Text2SemanticModel(nn.Module):
                             for lin in lins],
                            [(blk.norm1.weight.detach(), blk.norm1.bias.detach()),
                             (blk.norm2.weight.detach(), blk.norm2.bias.detach())]))
-        return cpu_step.FusedStep(lib, layers, self.kv, dim=self.config.dim, heads=self.config.heads,
-                                  ffn=self.config.ffn, eps=LN_EPS)
+        return cpu_step.FusedStep(lib, layers, self.kv, self.ar_predict_layer.weight.detach(), dim=self.config.dim,
+                                  heads=self.config.heads, ffn=self.config.ffn, eps=LN_EPS)
 
     def _collect_layer_params(self) -> tuple[list[torch.Tensor], list[Any]]:
         """The layers' parameters as :func:`_decode_layers` reads them (flat lists, layer after layer).
@@ -477,11 +477,9 @@ class Text2SemanticModel(nn.Module):
         rows = self._rows[:b] if slots is None else slots
         pe_pos = (positions - self.text_len[rows]).clamp_(min=0)  # token index in the audio stream
         h = self.ar_audio_embedding.word_embeddings(tokens) + self.ar_audio_position.alpha * self.pe[pe_pos]  # [B, D]
-        if self._fused is not None:  # every layer in one C call, by row groups (it attends to [0, position])
-            for r in range(0, b, cpu_step.MAX_ROWS):
-                h[r: r + cpu_step.MAX_ROWS] = self._fused(h[r: r + cpu_step.MAX_ROWS].contiguous(),
-                                                          rows[r: r + cpu_step.MAX_ROWS], positions[r: r + cpu_step.MAX_ROWS])
-            return self.ar_predict_layer(h)
+        if self._fused is not None:  # every layer and the head in one C call per group of rows
+            n = cpu_step.MAX_ROWS
+            return torch.cat([self._fused(h[r: r + n], rows[r: r + n], positions[r: r + n]) for r in range(0, b, n)])
         # [B, 1, 1, kv_len] additive mask: 0 up to each row's length, -inf beyond (cheaper than a bool mask)
         mask = torch.zeros(b, 1, 1, kv_len, dtype=self.cache_dtype, device=tokens.device).masked_fill_(
             (self._cols[:kv_len] > positions[:, None])[:, None, None, :], float("-inf"))
