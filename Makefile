@@ -11,7 +11,7 @@ TORCH_BUILD ?= auto
 .PHONY: run test test-avx2 system-deps venv bench clean
 
 # libopus for Discord voice; a C compiler for the fused CPU decode step (built once for this CPU on first use; without
-# one the GPT decodes 2-3x slower on a CPU).
+# one the GPT decodes with the slower graphs or TorchScript loop on a CPU).
 system-deps:
 	@pkgs=""; \
 	ldconfig -p | grep -q libopus.so || pkgs="$$pkgs libopus0"; \
