@@ -275,7 +275,7 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
         temp_voice = None
         if args.ref is not None:
             lang = args.ref_lang or params.language
-            temp_voice, warnings = await synth.create_voice(
+            temp_voice, warnings = await synth.voicing.create(
                 f"cli-{int(time.time())}", args.ref_bytes, args.ref.name, transcript=args.ref_text or None,
                 language=lang, consent=_OPERATOR_CONSENT)
             for w in warnings:
@@ -296,7 +296,7 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
                 chunks.append(chunk)
         finally:
             if temp_voice is not None:
-                await synth.delete_voice(temp_voice.id)
+                await synth.voicing.delete(temp_voice.id)
         total = time.perf_counter() - started
         import numpy as np
 
@@ -352,7 +352,7 @@ def _voices_add(config: Any, args: argparse.Namespace) -> int:
                     bar.set_postfix_str(stage)
                     bar.update(int(frac * 100) - bar.n)
 
-                voice, warnings = await synth.create_voice(
+                voice, warnings = await synth.voicing.create(
                     args.name, clip, args.clip.name, transcript=args.text, language=args.lang,
                     consent=_OPERATOR_CONSENT,
                     progress=progress)
@@ -375,7 +375,7 @@ async def _precompute_with_bar(synth: Any, voice: Any, phrases: Sequence[str]) -
         def progress(stage: str, frac: float) -> None:
             bar.update(round(frac * len(phrases)) - bar.n)
 
-        await synth.precompute(voice, phrases, progress)
+        await synth.voicing.precompute(voice, phrases, progress)
 
 
 def _voices_list(config: Any, args: argparse.Namespace) -> int:

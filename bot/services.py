@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from bot.config import Config
 from engines import load_engine
-from synthesis import Limits, SynthesisCache, SynthesisParams, Synthesizer, VoiceStore
+from synthesis import DeviceWorker, Limits, SynthesisCache, SynthesisParams, Synthesizer, VoiceStore
 
 if TYPE_CHECKING:
     from bot.chat import ChatClient
@@ -37,7 +37,7 @@ def default_params(config: Config) -> SynthesisParams:
 
 
 def build_synthesizer(config: Config) -> Synthesizer:
-    """Load the engine (models from config) and open the voice store and caches."""
+    """Load the engine (models from config), start its device worker, open the voice store and caches."""
     engine = load_engine(config.engine, config.models)
     cache = SynthesisCache(config.cache.dir, config.cache.prosody_mb * MB, config.cache.audio_mb * MB,
                            reuse_random=config.cache.reuse_random)
@@ -48,4 +48,5 @@ def build_synthesizer(config: Config) -> Synthesizer:
                     first_chunk_tokens=s.first_chunk_tokens,
                     max_upload_bytes=int(v.max_upload_mb * MB), max_upload_s=v.max_upload_s,
                     min_speech_s=v.min_speech_s, max_speech_s=v.max_speech_s)
-    return Synthesizer(engine, voices, cache, defaults=default_params(config), limits=limits)
+    worker = DeviceWorker(engine)  # its threads own the engine from here on
+    return Synthesizer(worker, voices, cache, defaults=default_params(config), limits=limits)

@@ -58,7 +58,7 @@ class PhrasesCog(ReplyingCog):
         phrase = " ".join(text.split())
         voices = await self.guild_voices(guild)
         for voice in voices:
-            task = self.services.synthesizer.precompute(voice, [phrase])
+            task = self.services.synthesizer.voicing.precompute(voice, [phrase])
             self._background.add(task)
             task.add_done_callback(self._precompute_done)
         note = f" Preparing it for {len(voices)} voice(s) in the background." if voices else ""

@@ -337,7 +337,7 @@ class VoiceCog(ReplyingCog):
         data = await clip.read()
         if len(data) > limit_mb * MB:  # the metadata said otherwise; never hand an oversized file on
             raise UsageError(f"That file is larger than {limit_mb:g} MB; upload a shorter clip.")
-        voice, warnings = await self.services.synthesizer.create_voice(
+        voice, warnings = await self.services.synthesizer.voicing.create(
             voice_name,
             data,
             clip.filename,
@@ -393,7 +393,7 @@ class VoiceCog(ReplyingCog):
         total = len(phrases)
         progress.set("phrases", f"Precomputing common phrases 0/{total}…")
         render = lambda stage, frac: f"Precomputing common phrases {round(frac * total)}/{total}…"  # noqa: E731
-        task = self.services.synthesizer.precompute(voice, phrases, progress=progress.callback("phrases", render))
+        task = self.services.synthesizer.voicing.precompute(voice, phrases, progress=progress.callback("phrases", render))
 
         def done(t: asyncio.Task) -> None:
             self._background.discard(t)
@@ -554,7 +554,7 @@ class VoiceCog(ReplyingCog):
             timed_out="No answer, so nothing was deleted.",
         ):
             return
-        await self.services.synthesizer.delete_voice(voice.id)
+        await self.services.synthesizer.voicing.delete(voice.id)
         await self.store.forget_voice(voice.id)
         await interaction.edit_original_response(content=f"**{voice.name}** is deleted, with everything derived from it.")
 
@@ -575,7 +575,7 @@ class VoiceCog(ReplyingCog):
         ):
             return
         for voice in voices:
-            await self.services.synthesizer.delete_voice(voice.id)
+            await self.services.synthesizer.voicing.delete(voice.id)
         counts = await self.store.forget_user(user_id, [v.id for v in voices])
         self._pending.pop(user_id, None)
         await interaction.edit_original_response(

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -44,6 +45,7 @@ OLD_PREFIX = ".old-"  # the previous version during a replace (".old-<id>-<uuid>
 TRASH_PREFIX = ".trash-"  # a voice being deleted (".trash-<id>-<uuid>")
 NAME_RE = re.compile(r"[\w -]{1,32}")  # letters, digits, underscore, space, hyphen; 1-32 characters
 _ID_RE = re.compile(r"[0-9a-f]{32}")
+MTIME_SLACK_NS = 50_000_000  # a folder changed less than this long ago may change again unseen (coarse mtimes)
 
 
 class VoiceError(SpeechError):
@@ -92,6 +94,10 @@ class VoiceStore:
         self.cache = cache
         self._lock = threading.RLock()  # name uniqueness check + rename are one step
         self._loaded: dict[str, tuple[tuple[int, int], Voice]] = {}  # id -> (folder stat key, voice)
+        # every meta.json, read again only when the root folder changed (a voice created, replaced or deleted,
+        # by this process or another: each is a rename in the root, which moves its mtime)
+        self._metas_at: int | None = None
+        self._metas_cache: list[dict[str, Any]] = []
         self.root.mkdir(parents=True, exist_ok=True)
         self._recover()
 
@@ -109,6 +115,7 @@ class VoiceStore:
         model_id: str,
         consent: Consent | Mapping[str, Any],
         enrollment_prompt: str | None = None,
+        voice_id: str | None = None,
     ) -> Voice:
         """Store a new voice (version 1) and return it.
 
@@ -125,14 +132,21 @@ class VoiceStore:
             ``statement``) and optionally ``at`` (ISO string or epoch seconds) plus any JSON-serialisable extras,
             which are kept.
         enrollment_prompt: the sentence the bot asked the user to read, if any.
+        voice_id: the id to store it under (32 hex digits, not in use), when the caller reserved one first (see
+            ``bot.voice_service``); a new one when None.
         """
         check_name(name)
+        if voice_id is not None and not _ID_RE.fullmatch(voice_id):
+            raise VoiceError(f"a voice id is 32 lowercase hex digits, got {voice_id!r}")
         consent_record = _consent_dict(consent)
         _check_language(language)
         with self._lock:
             if self._find_meta(name, owner_id) is not None:
                 raise VoiceError(f"you already have a voice named {name!r}; pick another name or replace that voice")
-            voice_id = uuid.uuid4().hex
+            if voice_id is None:
+                voice_id = uuid.uuid4().hex
+            elif (self.root / voice_id).exists():
+                raise VoiceError(f"a voice with id {voice_id} exists already")
             now = _now()
             meta = {
                 "schema": META_SCHEMA,
@@ -323,15 +337,23 @@ class VoiceStore:
         return self.root / voice_id
 
     def _metas(self) -> list[dict[str, Any]]:
-        """meta.json of every visible voice."""
-        out: list[dict[str, Any]] = []
-        for folder in self.root.iterdir():
-            if _ID_RE.fullmatch(folder.name) and folder.is_dir():
-                try:
-                    out.append(json.loads((folder / META_FILE).read_text(encoding="utf-8")))
-                except FileNotFoundError:  # deleted meanwhile
-                    continue
-        return out
+        """meta.json of every visible voice (read from disk only when the root folder changed since last time)."""
+        with self._lock:
+            stamp = self.root.stat().st_mtime_ns
+            if stamp == self._metas_at:
+                return self._metas_cache
+            out: list[dict[str, Any]] = []
+            for folder in self.root.iterdir():
+                if _ID_RE.fullmatch(folder.name) and folder.is_dir():
+                    try:
+                        out.append(json.loads((folder / META_FILE).read_text(encoding="utf-8")))
+                    except FileNotFoundError:  # deleted meanwhile
+                        continue
+            # a change within the clock's resolution of this read would look unchanged next time: keep it only
+            # when the folder is older than that
+            self._metas_at = stamp if time.time_ns() - stamp > MTIME_SLACK_NS else None
+            self._metas_cache = out
+            return out
 
     def _find_meta(self, name: str, owner_id: int) -> dict[str, Any] | None:
         """An existing voice of this owner with this name (case-insensitive)."""

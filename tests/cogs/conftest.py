@@ -157,19 +157,18 @@ class RecordingAdapter(webhook_async.AsyncWebhookAdapter):
 
 # ---- fakes (Discord-layer tests only) -----------------------------------------------------------------------------
 
-class FakeSynthesizer:
-    """Records create/delete/precompute; streams a sine per voice (frequency from the voice id)."""
+class FakeVoicing:
+    """Records create/delete/precompute (the fake synthesizer's ``voicing``)."""
 
-    def __init__(self) -> None:
-        self.voices = FakeVoices()
+    def __init__(self, voices: "FakeVoices") -> None:
+        self.voices = voices
         self.created: list[dict[str, Any]] = []
         self.deleted: list[str] = []
         self.precomputed: list[tuple[str, tuple[str, ...]]] = []
-        self.streamed: list[tuple[str, str]] = []
         self.fail_with: Exception | None = None
 
-    async def create_voice(self, name, data, filename="", *, owner_id=0, transcript=None, language="auto",
-                           consent=None, enrollment_prompt=None, progress=None, phrases=()):
+    async def create(self, name, data, filename="", *, owner_id=0, transcript=None, language="auto",
+                     consent=None, enrollment_prompt=None, progress=None, phrases=()):
         self.created.append(dict(name=name, data=data, filename=filename, owner_id=owner_id, transcript=transcript,
                                  language=language, consent=consent, enrollment_prompt=enrollment_prompt))
         if self.fail_with is not None:
@@ -180,7 +179,7 @@ class FakeSynthesizer:
             await asyncio.sleep(0)
         return self.voices.add(name, owner_id), ["the clip is a little quiet"]
 
-    async def delete_voice(self, voice_id: str) -> None:
+    async def delete(self, voice_id: str) -> None:
         self.voices.by_id.pop(voice_id)
         self.deleted.append(voice_id)
 
@@ -196,6 +195,20 @@ class FakeSynthesizer:
             return len(phrases)
 
         return asyncio.create_task(run())
+
+
+class FakeSynthesizer:
+    """Streams a sine per voice (frequency from the voice id); its ``voicing`` records create/delete/precompute."""
+
+    def __init__(self) -> None:
+        self.voices = FakeVoices()
+        self.voicing = FakeVoicing(self.voices)
+        self.streamed: list[tuple[str, str]] = []
+
+    # what the voicing recorded, read where the tests read it
+    created = property(lambda self: self.voicing.created)
+    deleted = property(lambda self: self.voicing.deleted)
+    precomputed = property(lambda self: self.voicing.precomputed)
 
     async def stream(self, text, voice, params=None, *, deadline=None) -> AsyncIterator[AudioChunk]:
         v = voice if isinstance(voice, Voice) else self.voices.get(voice)

@@ -149,7 +149,7 @@ async def test_enroll_sentence_becomes_the_prompt(harness):
 
 async def test_bad_clip_is_explained(harness):
     h = harness
-    h.services.synthesizer.fail_with = AudioInputError("the clip has only 1.2 s of speech; record 3-10 s")
+    h.services.synthesizer.voicing.fail_with = AudioInputError("the clip has only 1.2 s of speech; record 3-10 s")
     token, _ = await clone(h, ALICE)
     assert h.adapter.original_content(token) == "The clip has only 1.2 s of speech; record 3-10 s"
     assert h.services.synthesizer.voices.list() == []

@@ -136,7 +136,7 @@ async def synth(tiny_config):
 
 
 async def _voice(synth):
-    v, _ = await synth.create_voice("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
+    v, _ = await synth.voicing.create("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
                                     language="en", consent=CONSENT)
     return v
 
@@ -147,7 +147,7 @@ async def test_a_request_in_flight_during_the_delete_writes_nothing_after_it(syn
     stream = synth.stream(text, voice, SynthesisParams(language="en", seed=5))
     async with asyncio.timeout(HANG_GUARD_S):
         await anext(stream)  # the request is under way, its later sentences in flight
-        await synth.delete_voice(voice.id)
+        await synth.voicing.delete(voice.id)
         rest = [c async for c in stream]  # it runs to its end with the voice it holds
     assert rest  # (it was really in flight)
     assert _entries(synth.cache) == 0
@@ -158,12 +158,12 @@ async def test_forget_me_during_a_precompute_leaves_no_entry(synth):
     voice = await _voice(synth)
     phrases = [f"Precomputed phrase number {i} for the voice." for i in range(12)]
     progress: list[float] = []
-    task = synth.precompute(voice, phrases, progress=lambda stage, frac: progress.append(frac))
+    task = synth.voicing.precompute(voice, phrases, progress=lambda stage, frac: progress.append(frac))
     async with asyncio.timeout(HANG_GUARD_S):
         while not progress:  # under way, with entries already written
             await asyncio.sleep(0.01)
         assert _entries(synth.cache) > 0
-        await synth.delete_voice(voice.id)
+        await synth.voicing.delete(voice.id)
         await asyncio.gather(task, return_exceptions=True)
         while synth.worker.queue_depth:  # whatever the worker still held has ended
             await asyncio.sleep(0.01)
