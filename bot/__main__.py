@@ -400,24 +400,26 @@ def _voices_delete(config: Any, args: argparse.Namespace) -> int:
     try:
         store = VoiceStore(config.voices.dir, cache=cache)
         voice = store.find(args.name)
-        store.delete(voice.id)
+        rows = asyncio.run(_delete_voice(config, store, voice.id))
     finally:
         cache.close()
-    rows = asyncio.run(_forget_voice_rows(config, voice.id))
     print(f"deleted voice {voice.name!r} and everything derived from it"
           + (f" ({rows} database row(s) naming it)" if rows else ""))
     return 0
 
 
-async def _forget_voice_rows(config: Any, voice_id: str) -> int:
-    """Remove the bot database's rows that name a voice (consent, shares, settings); how many went."""
+async def _delete_voice(config: Any, voices: Any, voice_id: str) -> int:
+    """Delete a voice with the bot's voice service (its rows, files and cache entries, journalled, so a bot
+    running beside this command keeps nothing of it); how many database rows named it."""
     from bot.store import Store
+    from bot.voice_service import VoiceService
 
     path = Path(config.discord.database)
     if not path.exists():  # no bot has run here: nothing names the voice
+        await asyncio.to_thread(voices.delete, voice_id)
         return 0
     async with Store(path) as store:
-        counts = await store.forget_voice(voice_id)
+        counts = await VoiceService(store, voices=voices).delete(voice_id)
     return sum(counts.values())
 
 

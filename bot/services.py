@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bot.config import Config
+from bot.voice_service import VoiceService
 from engines import load_engine
 from synthesis import DeviceWorker, Limits, SynthesisCache, SynthesisParams, Synthesizer, VoiceStore
 
@@ -27,6 +28,11 @@ class Services:
     store: "Store | None" = None
     speech: "SpeechService | None" = None
     chat: "ChatClient | None" = None  # only when config.chat.enabled
+    voices: VoiceService | None = None  # a voice's life (create, share, delete, forget-me); with the store
+
+    def __post_init__(self) -> None:
+        if self.voices is None and self.store is not None:
+            self.voices = VoiceService(self.store, self.synthesizer, phrases=self.config.phrases)
 
 
 def default_params(config: Config) -> SynthesisParams:

@@ -5,9 +5,10 @@ prompt_bert, and sv_emb for a v2Pro/v2ProPlus voice) and ``meta.json`` (identity
 identity, consent). A voice is built in ``root/.tmp-<uuid>/``, every file and the folder fsynced, then renamed into
 place, so a crash at any point leaves either the whole voice or nothing visible. A replacement swaps folders through
 ``root/.old-<id>-<uuid>/``; start-up restores an interrupted swap and removes stale temporary folders. A delete
-first retires the voice in the cache (its entries go, and later writes for it are refused), then renames the folder
-to ``root/.trash-<id>-<uuid>/`` and removes it; start-up removes a leftover trash folder and the cache entries of
-its voice. The model work (HuBERT, VQ, ge, phones, BERT) is the caller's: it passes the finished
+first renames the folder to ``root/.trash-<id>-<uuid>/`` (the voice is gone for every process: the cache, bound to
+the store, refuses and takes back its writes), then retires the voice in the cache (its entries go) and removes the
+folder; start-up removes a leftover trash folder and the cache entries of its voice. The model work (HuBERT, VQ, ge,
+phones, BERT) is the caller's: it passes the finished
 :class:`~engines.base.VoicePrompt` in.
 """
 
@@ -99,6 +100,8 @@ class VoiceStore:
         self._metas_at: int | None = None
         self._metas_cache: list[dict[str, Any]] = []
         self.root.mkdir(parents=True, exist_ok=True)
+        if cache is not None:
+            cache.bind_voices(self._exists)
         self._recover()
 
     # --- writing ------------------------------------------------------------------------------------------------
@@ -213,21 +216,22 @@ class VoiceStore:
         return self.get(voice_id)
 
     def delete(self, voice_id: str) -> Removed:
-        """Delete a voice: every cache entry, then its folder (every file). Returns what was removed.
+        """Delete a voice: its folder (every file) and every cache entry. Returns what was removed.
 
-        The cache goes first, and refuses the voice's writes from then on: a crash after it leaves the voice
-        whole (with a cold cache); a crash after the rename leaves a trash folder that start-up removes together
-        with any cache entry of the voice.
+        The folder is renamed out of sight first: from then on the voice is gone for every process, and a cache
+        bound to this store (in any process) takes back an entry of it written later. Then its cache entries go,
+        then its bytes. A crash after the rename leaves a trash folder that start-up removes together with every
+        cache entry of the voice; a crash before it leaves the voice whole.
         """
         with self._lock:
             meta = self.meta(voice_id)
             live = self.root / voice_id
             files = sorted(p.name for p in live.iterdir())
             size = sum(p.stat().st_size for p in live.iterdir())
-            entries = self.cache.retire_voice(voice_id) if self.cache is not None else 0
             trash = self.root / f"{TRASH_PREFIX}{voice_id}-{uuid.uuid4().hex}"
-            os.rename(live, trash)  # invisible at once; the bytes go next (or at the next start-up)
+            os.rename(live, trash)  # invisible at once; the entries and the bytes go next (or at the next start-up)
             _fsync_dir(self.root)
+            entries = self.cache.retire_voice(voice_id) if self.cache is not None else 0
             shutil.rmtree(trash)
             self._loaded.pop(voice_id, None)
         log.info("voice %s (%r) deleted: %d files, %d bytes, %d cache entries", voice_id, meta["name"], len(files),
@@ -315,6 +319,10 @@ class VoiceStore:
         return voices
 
     # --- internals ----------------------------------------------------------------------------------------------
+
+    def _exists(self, voice_id: str) -> bool:
+        """Is this voice in the store? (Ids of another shape are not the store's to answer for: True.)"""
+        return not _ID_RE.fullmatch(voice_id) or (self.root / voice_id).is_dir()
 
     def _build(self, meta: dict[str, Any], prompt: VoicePrompt, clip32k: np.ndarray) -> Path:
         """Write a complete voice folder under a temporary name; remove it again if anything fails."""

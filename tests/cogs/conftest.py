@@ -25,6 +25,7 @@ from discord.webhook import async_ as webhook_async
 import discord
 from bot.config import config_from_dict
 from engines.base import SAMPLE_RATE
+from synthesis import VoiceNotFound
 from synthesis.types import AudioChunk, Voice
 from tests.fake_voices import FakeVoices
 
@@ -168,7 +169,7 @@ class FakeVoicing:
         self.fail_with: Exception | None = None
 
     async def create(self, name, data, filename="", *, owner_id=0, transcript=None, language="auto",
-                     consent=None, enrollment_prompt=None, progress=None, phrases=()):
+                     consent=None, enrollment_prompt=None, progress=None, phrases=(), voice_id=None):
         self.created.append(dict(name=name, data=data, filename=filename, owner_id=owner_id, transcript=transcript,
                                  language=language, consent=consent, enrollment_prompt=enrollment_prompt))
         if self.fail_with is not None:
@@ -177,10 +178,11 @@ class FakeVoicing:
             if progress:
                 progress(stage, frac)
             await asyncio.sleep(0)
-        return self.voices.add(name, owner_id), ["the clip is a little quiet"]
+        return self.voices.add(name, owner_id, voice_id), ["the clip is a little quiet"]
 
     async def delete(self, voice_id: str) -> None:
-        self.voices.by_id.pop(voice_id)
+        if self.voices.by_id.pop(voice_id, None) is None:
+            raise VoiceNotFound(f"no voice with id {voice_id!r}")
         self.deleted.append(voice_id)
 
     def precompute(self, voice, phrases, progress=None, params=None) -> asyncio.Task[int]:
@@ -213,7 +215,7 @@ class FakeSynthesizer:
     async def stream(self, text, voice, params=None, *, deadline=None) -> AsyncIterator[AudioChunk]:
         v = voice if isinstance(voice, Voice) else self.voices.get(voice)
         self.streamed.append((text if isinstance(text, str) else "<stream>", v.id))
-        freq = 200.0 + 10 * (int(v.id[1:]) % 50)
+        freq = 200.0 + 10 * (int(v.id[1:], 16) % 50)
         t = np.arange(int(0.5 * SAMPLE_RATE)) / SAMPLE_RATE
         for i, sentence in enumerate(s for s in str(text).split(".") if s.strip()):
             yield AudioChunk((0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), sentence, i)
@@ -502,6 +504,7 @@ async def harness(config, tmp_path):
     """The bot with every cog loaded against a fresh SQLite store, fake synthesizer and speech."""
     from bot.client import VoiceBot
     from bot.store import Store
+    from bot.voice_service import VoiceService
     from cogs import EXTENSIONS
 
     store = Store(tmp_path / "bot.sqlite3")
@@ -509,7 +512,8 @@ async def harness(config, tmp_path):
     # the fields of bot.services.Services (not imported: it builds the real engine stack)
     synthesizer = FakeSynthesizer()
     services = SimpleNamespace(config=config, synthesizer=synthesizer, store=store,
-                               speech=FakeSpeech(synthesizer, store))
+                               speech=FakeSpeech(synthesizer, store),
+                               voices=VoiceService(store, synthesizer, phrases=config.phrases))
     bot = VoiceBot(services, extensions=EXTENSIONS, sync_commands=False)
     await bot._async_setup_hook()
     state = bot._connection
