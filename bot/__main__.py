@@ -284,7 +284,7 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
         temp_voice = None
         if args.ref is not None:
             lang = args.ref_lang or params.language
-            temp_voice, warnings = await synth.create_voice(
+            temp_voice, warnings = await synth.voicing.create(
                 f"cli-{int(time.time())}", args.ref_bytes, args.ref.name, transcript=args.ref_text or None,
                 language=lang, consent=_OPERATOR_CONSENT)
             for w in warnings:
@@ -305,7 +305,7 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
                 chunks.append(chunk)
         finally:
             if temp_voice is not None:
-                await synth.delete_voice(temp_voice.id)
+                await synth.voicing.delete(temp_voice.id)
         total = time.perf_counter() - started
         import numpy as np
 
@@ -363,7 +363,7 @@ def _voices_add(config: Any, args: argparse.Namespace) -> int:
                     bar.set_postfix_str(stage)
                     bar.update(int(frac * 100) - bar.n)
 
-                voice, warnings = await synth.create_voice(
+                voice, warnings = await synth.voicing.create(
                     args.name, clip, args.clip.name, transcript=args.text, language=args.lang,
                     consent=_OPERATOR_CONSENT,
                     progress=progress)
@@ -386,7 +386,7 @@ async def _precompute_with_bar(synth: Any, voice: Any, phrases: Sequence[str]) -
         def progress(stage: str, frac: float) -> None:
             bar.update(round(frac * len(phrases)) - bar.n)
 
-        await synth.precompute(voice, phrases, progress)
+        await synth.voicing.precompute(voice, phrases, progress)
 
 
 def _voices_list(config: Any, args: argparse.Namespace) -> int:
@@ -411,24 +411,26 @@ def _voices_delete(config: Any, args: argparse.Namespace) -> int:
     try:
         store = VoiceStore(config.voices.dir, cache=cache)
         voice = store.find(args.name)
-        store.delete(voice.id)
+        rows = asyncio.run(_delete_voice(config, store, voice.id))
     finally:
         cache.close()
-    rows = asyncio.run(_forget_voice_rows(config, voice.id))
     print(f"deleted voice {voice.name!r} and everything derived from it"
           + (f" ({rows} database row(s) naming it)" if rows else ""))
     return 0
 
 
-async def _forget_voice_rows(config: Any, voice_id: str) -> int:
-    """Remove the bot database's rows that name a voice (consent, shares, settings); how many went."""
+async def _delete_voice(config: Any, voices: Any, voice_id: str) -> int:
+    """Delete a voice with the bot's voice service (its rows, files and cache entries, journalled, so a bot
+    running beside this command keeps nothing of it); how many database rows named it."""
     from bot.store import Store
+    from bot.voice_service import VoiceService
 
     path = Path(config.discord.database)
     if not path.exists():  # no bot has run here: nothing names the voice
+        await asyncio.to_thread(voices.delete, voice_id)
         return 0
     async with Store(path) as store:
-        counts = await store.forget_voice(voice_id)
+        counts = await VoiceService(store, voices=voices).delete(voice_id)
     return sum(counts.values())
 
 

@@ -50,6 +50,8 @@ async def run_bot_and_api(config: Config, token: str) -> None:
     store = Store(config.discord.database)
     await store.open()
     services = Services(config, synthesizer, store)
+    assert services.voices is not None
+    await services.voices.recover()  # finish or undo a voice creation or deletion a crash interrupted
     services.speech = SpeechService(synthesizer, store, config)
     if config.chat.enabled:
         from bot.chat import ChatClient

@@ -575,7 +575,7 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
     rows = []
     try:
         await synth.warm_up()
-        voice, _ = await synth.create_voice("bench", _reference_wav(), "bench.wav", language="en",
+        voice, _ = await synth.voicing.create("bench", _reference_wav(), "bench.wav", language="en",
                                             transcript="This is a short recording of my voice.",
                                             consent={"user_id": 0, "text": "synthetic benchmark signal"})
         params = SynthesisParams(language="en", seed=7)
@@ -590,7 +590,7 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
             total = time.perf_counter() - t0
             rows.append(PipelineRow(precision, size, case, ttfa or 0.0, total / (audio / 32000), audio / 32000,
                                     backend))
-        await synth.delete_voice(voice.id)
+        await synth.voicing.delete(voice.id)
     finally:
         await synth.close()
     return rows

@@ -187,7 +187,7 @@ async def _measure(synth: Synthesizer, client: _Client, voice: Voice, params: Sy
             for _ in range(repeat):
                 await asyncio.to_thread(synth.cache.invalidate_voice, voice.id)
                 if run == "warm":  # the prosody is cached, the audio is not: the GPT is skipped, SoVITS runs
-                    await synth.precompute(voice, [TEXT], params=params)
+                    await synth.voicing.precompute(voice, [TEXT], params=params)
                 timings.append(await door(client, voice))
             c = {k: (synth.counters[k] - before.get(k, 0)) // repeat
                  for k in ("prosody_miss", "prosody_hit", "audio_hit")}
@@ -220,7 +220,7 @@ async def _bench(config: Any, repeat: int) -> tuple[list[HttpRow], dict[str, Any
         voice: Voice | None = None
         try:
             wav = encode_audio(synthetic_speech(), SAMPLE_RATE, "wav")
-            voice, warnings = await synth.create_voice(f"bench-http-{os.getpid()}", wav, "bench.wav",
+            voice, warnings = await synth.voicing.create(f"bench-http-{os.getpid()}", wav, "bench.wav",
                                                        consent=CONSENT, transcript=TRANSCRIPT, language=LANGUAGE)
             for w in warnings:
                 log.info("synthetic reference: %s", w)
@@ -237,7 +237,7 @@ async def _bench(config: Any, repeat: int) -> tuple[list[HttpRow], dict[str, Any
             if runner is not None:
                 await runner.cleanup()
             if voice is not None:
-                await synth.delete_voice(voice.id)
+                await synth.voicing.delete(voice.id)
             await synth.close()
 
 

@@ -121,7 +121,7 @@ async def _bench(config: Any, counts: list[int]) -> tuple[list[StreamsRow], dict
         voice: Voice | None = None
         try:
             await synth.warm_up()
-            voice, _ = await synth.create_voice(f"bench-streams-{os.getpid()}",
+            voice, _ = await synth.voicing.create(f"bench-streams-{os.getpid()}",
                                                 encode_audio(synthetic_speech(), SAMPLE_RATE, "wav"), "bench.wav",
                                                 consent=CONSENT, transcript=TRANSCRIPT, language=LANGUAGE)
             params = dataclasses.replace(default_params(config), language=LANGUAGE)
@@ -133,7 +133,7 @@ async def _bench(config: Any, counts: list[int]) -> tuple[list[StreamsRow], dict
             return rows, meta
         finally:
             if voice is not None:
-                await synth.delete_voice(voice.id)
+                await synth.voicing.delete(voice.id)
             await synth.close()
 
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bot.config import MB, Config
+from bot.voice_service import VoiceService
 from engines import load_engine
-from synthesis import SynthesisCache, SynthesisParams, Synthesizer, VoiceStore
+from synthesis import DeviceWorker, SynthesisCache, SynthesisParams, Synthesizer, VoiceStore
 
 if TYPE_CHECKING:
     from bot.chat import ChatClient
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class Services:
     config: Config
@@ -24,6 +26,11 @@ class Services:
     store: "Store | None" = None
     speech: "SpeechService | None" = None
     chat: "ChatClient | None" = None  # only when config.chat.enabled
+    voices: VoiceService | None = None  # a voice's life (create, share, delete, forget-me); with the store
+
+    def __post_init__(self) -> None:
+        if self.voices is None and self.store is not None:
+            self.voices = VoiceService(self.store, self.synthesizer, phrases=self.config.phrases)
 
 
 def default_params(config: Config) -> SynthesisParams:
@@ -32,9 +39,10 @@ def default_params(config: Config) -> SynthesisParams:
 
 
 def build_synthesizer(config: Config) -> Synthesizer:
-    """Load the engine (models from config) and open the voice store and caches."""
+    """Load the engine (models from config), start its device worker, open the voice store and caches."""
     engine = load_engine(config.engine, config.models)
     cache = SynthesisCache(config.cache.dir, config.cache.prosody_mb * MB, config.cache.audio_mb * MB,
                            reuse_random=config.cache.reuse_random)
     voices = VoiceStore(config.voices.dir, cache=cache)
-    return Synthesizer(engine, voices, cache, defaults=config.synthesis.params, limits=config.limits)
+    worker = DeviceWorker(engine)  # its threads own the engine from here on
+    return Synthesizer(worker, voices, cache, defaults=config.synthesis.params, limits=config.limits)

@@ -19,6 +19,7 @@ message sound as if that person said it. Bots are read in the voice ``bot_voices
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -298,14 +299,14 @@ class SpeechService:
     async def usable_voices(self, guild_id: int, user_id: int) -> list[Voice]:
         """Voices a member may select in a guild: their own, the server's, those shared with it, the operator's."""
         seen: dict[str, Voice] = {}
-        for v in self._list_voices(user_id):
+        for v in await self._list_voices(user_id):
             seen.setdefault(v.id, v)
         ids = await self.store.guild_voices(guild_id) + await self.store.shared_voices(guild_id)
         for vid in ids:
-            v = self._get_voice(vid)
+            v = await self._get_voice(vid)
             if v is not None:
                 seen.setdefault(v.id, v)
-        for v in self._list_voices(0):
+        for v in await self._list_voices(0):
             seen.setdefault(v.id, v)
         return list(seen.values())
 
@@ -313,17 +314,17 @@ class SpeechService:
         """The voice-choice order of the module docstring."""
         if getattr(member, "bot", False):
             vid = settings["bot_voices"].get(member.id)
-            v = self._get_voice(vid) if vid else None
+            v = await self._get_voice(vid) if vid else None
             if v is not None:
                 return v
         else:
             vid = user.get("voice")
             if vid:
-                v = self._get_voice(vid)
+                v = await self._get_voice(vid)
                 if v is not None and await self._usable(v, guild_id, member.id):
                     return v
                 log.info("user %d's selected voice %s is gone or not usable in guild %d", member.id, vid, guild_id)
-            own = self._list_voices(member.id)
+            own = await self._list_voices(member.id)
             if own:
                 return own[0]
         v = await self._guild_voice(guild_id, settings)
@@ -337,14 +338,14 @@ class SpeechService:
     async def _guild_voice(self, guild_id: int, settings: dict[str, Any]) -> Voice | None:
         """The guild's default voice, else its first server voice, else the first operator voice."""
         if settings["default_voice"]:
-            v = self._get_voice(settings["default_voice"])
+            v = await self._get_voice(settings["default_voice"])
             if v is not None:
                 return v
         for vid in await self.store.guild_voices(guild_id):
-            v = self._get_voice(vid)
+            v = await self._get_voice(vid)
             if v is not None:
                 return v
-        operator = self._list_voices(0)
+        operator = await self._list_voices(0)
         return operator[0] if operator else None
 
     async def _usable(self, voice: Voice, guild_id: int, user_id: int) -> bool:
@@ -355,16 +356,16 @@ class SpeechService:
             guild_id
         )
 
-    def _get_voice(self, voice_id: str) -> Voice | None:
-        """A voice by id, or None when it no longer exists."""
+    async def _get_voice(self, voice_id: str) -> Voice | None:
+        """A voice by id, or None when it no longer exists (read off the event loop)."""
         try:
-            return self.synthesizer.voices.get(voice_id)
+            return await asyncio.to_thread(self.synthesizer.voices.get, voice_id)
         except (SpeechError, KeyError, FileNotFoundError):
             return None
 
-    def _list_voices(self, owner_id: int) -> list[Voice]:
-        """A user's voices (owner 0: the operator's)."""
-        return [v for v in self.synthesizer.voices.list(owner_id=owner_id) if v.owner_id == owner_id]
+    async def _list_voices(self, owner_id: int) -> list[Voice]:
+        """A user's voices (owner 0: the operator's), read off the event loop."""
+        return await asyncio.to_thread(self.synthesizer.voices.list, owner_id)
 
     # --- settings -> options ----------------------------------------------------------------------------------------
 

@@ -6,8 +6,9 @@ behind an :class:`asyncio.Lock`. The schema is versioned: :data:`MIGRATIONS` is 
 order, each inside its own transaction together with the bump of ``schema_version``.
 
 Settings are typed: :data:`GUILD_SETTINGS` and :data:`USER_SETTINGS` are the one table of definitions (type,
-default, bounds, help); values are stored as JSON and checked on the way in. Voice *files* live in the synthesis
-layer's voice store; this database only holds which guilds may use which voice and who agreed to what.
+default, bounds, help); values are stored as JSON and checked on the way in. Voice *files* (and the consent given
+for each voice) live in the synthesis layer's voice store; this database holds which guilds may use which voice,
+and the journal of voice creations and deletions under way (see ``bot.voice_service``).
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ MIGRATIONS: tuple[str, ...] = (
         id INTEGER PRIMARY KEY AUTOINCREMENT, guild_id INTEGER NOT NULL, author_id INTEGER NOT NULL,
         summary TEXT NOT NULL, enqueued_at REAL NOT NULL);
     CREATE INDEX queue_journal_guild ON queue_journal (guild_id);
+    """,
+    # v3: consent is kept once, with the voice (its meta.json, written with it and deleted with it); the voice
+    # journal names the voices whose creation or deletion is under way, so start-up finishes or undoes it
+    """
+    DROP TABLE consent;
+    CREATE TABLE voice_journal (
+        voice_id TEXT PRIMARY KEY, op TEXT NOT NULL CHECK (op IN ('create', 'delete')), at REAL NOT NULL);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -297,16 +305,6 @@ def setting_def(scope: str, name: str) -> SettingDef:
 
 
 # --- records ------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ConsentRecord:
-    """Who agreed to clone a voice, with what words, when (unix seconds)."""
-
-    voice_id: str
-    user_id: int
-    text: str
-    at: float
 
 
 @dataclass(frozen=True)
@@ -595,25 +593,64 @@ class Store:
         rows = await self._read("SELECT voice_id FROM guild_voices WHERE guild_id = ? ORDER BY rowid", (guild_id,))
         return [r[0] for r in rows]
 
-    # consent
+    # the voice journal (bot.voice_service: a voice's creation and deletion, undone or finished after a crash)
 
-    async def record_consent(self, voice_id: str, user_id: int, text: str, at: float | None = None) -> ConsentRecord:
-        """Keep the consent a user gave (the exact words shown) for a voice."""
-        record = ConsentRecord(voice_id, user_id, text, time.time() if at is None else at)
-        await self._write(
-            lambda c: c.execute(
-                "INSERT INTO consent (voice_id, user_id, text, at) VALUES (?, ?, ?, ?)",
-                (record.voice_id, record.user_id, record.text, record.at),
-            )
-        )
-        return record
+    async def begin_voice_create(self, voice_id: str) -> None:
+        """Note that a voice is being created under this id (undone at start-up unless committed)."""
+        await self._write(lambda c: c.execute(
+            "INSERT INTO voice_journal (voice_id, op, at) VALUES (?, 'create', ?)", (voice_id, time.time())))
 
-    async def consents(self, voice_id: str) -> list[ConsentRecord]:
-        """Every consent record of a voice, oldest first."""
-        rows = await self._read(
-            "SELECT voice_id, user_id, text, at FROM consent WHERE voice_id = ? ORDER BY at, rowid", (voice_id,)
-        )
-        return [ConsentRecord(r[0], int(r[1]), r[2], float(r[3])) for r in rows]
+    async def commit_voice(self, voice_id: str, owner_id: int, *, guild_id: int | None = None,
+                           server: bool = False) -> bool:
+        """In one transaction: the new voice's rows (a server voice of ``guild_id``; else the owner's voice when they
+        have none yet), and its journal entry gone. Returns whether it became the owner's voice."""
+
+        def run(c: sqlite3.Connection) -> bool:
+            chosen = False
+            if server and guild_id is not None:
+                c.execute("INSERT OR IGNORE INTO guild_voices (guild_id, voice_id, added_by) VALUES (?, ?, ?)",
+                          (guild_id, voice_id, owner_id))
+            elif not server and owner_id:
+                has = c.execute("SELECT 1 FROM user_settings WHERE user_id = ? AND key = 'voice' AND guild_id IN (0, ?)",
+                                (owner_id, guild_id or 0)).fetchone()
+                if has is None:
+                    _put_setting(c, "user_settings", "user_id = ? AND guild_id = ?", (owner_id, 0),
+                                 USER_SETTINGS["voice"], voice_id)
+                    chosen = True
+            c.execute("DELETE FROM voice_journal WHERE voice_id = ?", (voice_id,))
+            return chosen
+
+        return await self._write(run)
+
+    async def begin_voice_delete(self, voice_ids: Sequence[str], *, user_id: int | None = None) -> dict[str, int]:
+        """In one transaction: journal the voices' deletion and remove every row naming them (and, with
+        ``user_id``, every row of that user: forget-me). Counts per table; the files go next, then
+        :meth:`end_voice` (a crash in between is finished at start-up)."""
+        ids = list(voice_ids)
+
+        def run(c: sqlite3.Connection) -> dict[str, int]:
+            now = time.time()
+            c.executemany("INSERT OR REPLACE INTO voice_journal (voice_id, op, at) VALUES (?, 'delete', ?)",
+                          [(vid, now) for vid in ids])
+            counts = _forget_voices(c, ids)
+            if user_id is not None:
+                _forget_user_rows(c, user_id, counts)
+            return counts
+
+        counts = await self._write(run)
+        await self._checkpoint()
+        return counts
+
+    async def end_voice(self, voice_ids: Sequence[str]) -> None:
+        """The voices' creation or deletion is complete: drop their journal entries."""
+        ids = list(voice_ids)
+        await self._write(lambda c: c.executemany("DELETE FROM voice_journal WHERE voice_id = ?",
+                                                  [(vid,) for vid in ids]))
+
+    async def voice_journal(self) -> list[tuple[str, str]]:
+        """``(voice id, 'create' | 'delete')`` of every voice whose creation or deletion did not complete."""
+        rows = await self._read("SELECT voice_id, op FROM voice_journal ORDER BY rowid")
+        return [(r[0], r[1]) for r in rows]
 
     # guild phrases
 
@@ -699,20 +736,7 @@ class Store:
         ids = list(voice_ids)
 
         def run(c: sqlite3.Connection) -> dict[str, int]:
-            counts = _forget_voices(c, ids)
-            for table, column in (
-                ("user_settings", "user_id"),
-                ("nicknames", "user_id"),
-                ("consent", "user_id"),
-                ("voice_shares", "shared_by"),
-                ("guild_voices", "added_by"),
-                ("queue_journal", "author_id"),
-            ):
-                n = c.execute(f"DELETE FROM {table} WHERE {column} = ?", (user_id,)).rowcount
-                counts[table] = counts.get(table, 0) + n
-            # the user as a bot with an assigned voice, or ids of theirs inside a guild's map
-            counts["guild_settings"] = counts.get("guild_settings", 0) + _drop_from_bot_voices(c, user_id=user_id)
-            return counts
+            return _forget_user_rows(c, user_id, _forget_voices(c, ids))
 
         counts = await self._write(run)
         await self._checkpoint()
@@ -751,11 +775,28 @@ def _put_setting(
         )
 
 
+def _forget_user_rows(c: sqlite3.Connection, user_id: int, counts: dict[str, int]) -> dict[str, int]:
+    """Delete every row of a user (settings, nicknames, what they shared or added, their journal lines); adds the
+    counts per table to ``counts`` and returns it."""
+    for table, column in (
+        ("user_settings", "user_id"),
+        ("nicknames", "user_id"),
+        ("voice_shares", "shared_by"),
+        ("guild_voices", "added_by"),
+        ("queue_journal", "author_id"),
+    ):
+        n = c.execute(f"DELETE FROM {table} WHERE {column} = ?", (user_id,)).rowcount
+        counts[table] = counts.get(table, 0) + n
+    # the user as a bot with an assigned voice, or ids of theirs inside a guild's map
+    counts["guild_settings"] = counts.get("guild_settings", 0) + _drop_from_bot_voices(c, user_id=user_id)
+    return counts
+
+
 def _forget_voices(c: sqlite3.Connection, voice_ids: Sequence[str]) -> dict[str, int]:
     """Delete the rows naming these voices; counts per table."""
-    counts = {"voice_shares": 0, "guild_voices": 0, "consent": 0, "guild_settings": 0, "user_settings": 0}
+    counts = {"voice_shares": 0, "guild_voices": 0, "guild_settings": 0, "user_settings": 0}
     for vid in voice_ids:
-        for table in ("voice_shares", "guild_voices", "consent"):
+        for table in ("voice_shares", "guild_voices"):
             counts[table] += c.execute(f"DELETE FROM {table} WHERE voice_id = ?", (vid,)).rowcount
         as_json = json.dumps(vid)
         counts["guild_settings"] += c.execute(

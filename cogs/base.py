@@ -15,7 +15,7 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from synthesis import SpeechError, Voice, VoiceNotFound
+from synthesis import SpeechError, Voice
 
 if TYPE_CHECKING:
     from bot import Services, VoiceBot
@@ -126,8 +126,9 @@ class ReplyingCog(commands.Cog):
     def __init__(self, bot: VoiceBot) -> None:
         self.bot = bot
         self.services = bot.services
-        assert self.services.store is not None, "the Discord cogs need the store"
+        assert self.services.store is not None and self.services.voices is not None, "the Discord cogs need the store"
         self.store = self.services.store
+        self.voices = self.services.voices  # a voice's life: create, share, delete, forget-me, and reading voices
 
     async def cog_app_command_error(
         self, interaction: discord.Interaction, error: app_commands.AppCommandError
@@ -137,15 +138,12 @@ class ReplyingCog(commands.Cog):
 
 # ---- the voices a member may use in a guild -----------------------------------------------------------------------
 
-KIND_ORDER = ("yours", "server", "shared", "operator")  # how a voice is available, most personal first
-
-
 @dataclass(frozen=True)
 class VoiceChoice:
     """A voice a member may use in a guild, and how it is available to them."""
 
     voice: Voice
-    kind: str  # one of KIND_ORDER
+    kind: str  # "yours", "server", "shared" or "operator" (bot.voice_service.KIND_ORDER)
 
     @property
     def label(self) -> str:
@@ -156,31 +154,10 @@ class VoiceChoice:
 async def usable_voices(services: Services, guild_id: int, user_id: int) -> list[VoiceChoice]:
     """The member's own voices, the guild's server voices, voices shared with the guild, the operator's voices.
 
-    Each voice appears once, under the most personal way it is available (``KIND_ORDER``).
+    Each voice appears once, under the most personal way it is available.
     """
-    store, voices = services.store, services.synthesizer.voices
-    assert store is not None, "the Discord cogs need the store"
-    found: dict[str, VoiceChoice] = {}
-
-    def add(voice: Voice, kind: str) -> None:
-        if voice.id not in found:
-            found[voice.id] = VoiceChoice(voice, kind)
-
-    def get(voice_id: str) -> Voice | None:
-        try:
-            return voices.get(voice_id)
-        except VoiceNotFound:  # a row left behind by a voice deleted elsewhere
-            return None
-
-    for voice in voices.list(owner_id=user_id):
-        add(voice, "yours")
-    for kind, ids in (("server", await store.guild_voices(guild_id)), ("shared", await store.shared_voices(guild_id))):
-        for voice_id in ids:
-            if (voice := get(voice_id)) is not None:
-                add(voice, kind)
-    for voice in voices.list(owner_id=0):
-        add(voice, "operator")
-    return sorted(found.values(), key=lambda c: (KIND_ORDER.index(c.kind), c.voice.name.lower()))
+    assert services.voices is not None, "the Discord cogs need the store"
+    return [VoiceChoice(voice, kind) for voice, kind in await services.voices.usable(guild_id, user_id)]
 
 
 async def find_voice(services: Services, guild_id: int, user_id: int, value: str, *, own: bool = False) -> VoiceChoice:

@@ -42,7 +42,7 @@ class PhrasesCog(ReplyingCog):
         voices = []
         for voice_id in dict.fromkeys(ids):
             try:
-                voices.append(self.services.synthesizer.voices.get(voice_id))
+                voices.append(await self.voices.get(voice_id))
             except VoiceNotFound:
                 continue
         return voices
@@ -57,8 +57,7 @@ class PhrasesCog(ReplyingCog):
             return
         phrase = " ".join(text.split())
         voices = await self.guild_voices(guild)
-        for voice in voices:
-            task = self.services.synthesizer.precompute(voice, [phrase])
+        for task in self.voices.precompute(voices, [phrase]):
             self._background.add(task)
             task.add_done_callback(self._precompute_done)
         note = f" Preparing it for {len(voices)} voice(s) in the background." if voices else ""

@@ -54,19 +54,19 @@ class SettingsCog(ReplyingCog):
         guild_values = await self.store.guild_settings(guild.id)
         user_values = await self.store.user_settings(member.id, guild.id)
         lines = ["**Server settings** (change with `/set guild`, needs Manage Server)"]
-        lines += [f"`{n}` = {self._show(guild, d, guild_values[n])}" for n, d in GUILD_SETTINGS.items()]
+        lines += [f"`{n}` = {await self._show(guild, d, guild_values[n])}" for n, d in GUILD_SETTINGS.items()]
         lines.append("**Your settings** (change with `/set user`)")
-        lines += [f"`{n}` = {self._show(guild, d, user_values[n])}" for n, d in USER_SETTINGS.items()]
+        lines += [f"`{n}` = {await self._show(guild, d, user_values[n])}" for n, d in USER_SETTINGS.items()]
         await send_ephemeral(interaction, "\n".join(lines)[:2000])
 
-    def _voice_name(self, voice_id: str) -> str:
+    async def _voice_name(self, voice_id: str) -> str:
         """A voice's name, or a note that it is gone."""
         try:
-            return f"**{self.services.synthesizer.voices.get(voice_id).name}**"
+            return f"**{(await self.voices.get(voice_id)).name}**"
         except VoiceNotFound:
             return f"(deleted voice {voice_id})"
 
-    def _show(self, guild: discord.Guild, d: SettingDef, value: Any) -> str:
+    async def _show(self, guild: discord.Guild, d: SettingDef, value: Any) -> str:
         """A value as a member reads it."""
         if value is None or value == {}:
             return "none"
@@ -77,9 +77,9 @@ class SettingsCog(ReplyingCog):
         if d.kind == "role":
             return f"<@&{value}>"
         if d.kind == "voice":
-            return self._voice_name(value)
+            return await self._voice_name(value)
         if d.kind == "voice_map":
-            return ", ".join(f"<@{bot_id}> → {self._voice_name(vid)}" for bot_id, vid in value.items())
+            return ", ".join([f"<@{bot_id}> → {await self._voice_name(vid)}" for bot_id, vid in value.items()])
         if d.kind == "float":
             return f"{value:g}"
         return str(value)
@@ -139,7 +139,7 @@ class SettingsCog(ReplyingCog):
         if d.kind == "role" and typed is not None and guild.get_role(typed) is None:
             raise UsageError(f"{setting} must be a role of this server; pick one from the suggestions.")
         stored = await self.store.set_guild_setting(guild.id, setting, typed)
-        await send_ephemeral(interaction, f"`{setting}` is now {self._show(guild, d, stored)}.")
+        await send_ephemeral(interaction, f"`{setting}` is now {await self._show(guild, d, stored)}.")
 
     @set_group.command(name="user", description="Change one of your settings")
     @app_commands.describe(
@@ -153,11 +153,11 @@ class SettingsCog(ReplyingCog):
         d = setting_def("user", setting)
         typed = await self._parse(guild, member, d, value)
         if d.kind == "voice" and typed is not None and not here:
-            if self.services.synthesizer.voices.get(typed).owner_id != member.id:
+            if (await self.voices.get(typed)).owner_id != member.id:
                 here = True  # a server or shared voice only exists in this server
         stored = await self.store.set_user_setting(member.id, setting, typed, guild_id=guild.id if here else None)
         scope = "in this server" if here else "everywhere"
-        await send_ephemeral(interaction, f"Your `{setting}` is now {self._show(guild, d, stored)} {scope}.")
+        await send_ephemeral(interaction, f"Your `{setting}` is now {await self._show(guild, d, stored)} {scope}.")
 
     async def _voice_autocomplete(self, interaction: discord.Interaction, current: str):
         return await voice_autocomplete(self.services, interaction, current)
@@ -219,7 +219,7 @@ class SettingsCog(ReplyingCog):
             voice_id = choice.voice.id
         mapping = await self.store.set_bot_voice(guild.id, bot_id, voice_id)
         d = GUILD_SETTINGS["bot_voices"]
-        await send_ephemeral(interaction, f"`bot_voices` is now {self._show(guild, d, mapping)}.")
+        await send_ephemeral(interaction, f"`bot_voices` is now {await self._show(guild, d, mapping)}.")
 
 
 async def setup(bot: VoiceBot) -> None:

@@ -203,7 +203,7 @@ class SpeechCog(ReplyingCog):
         voice_id = voice_id or settings["bot_voices"].get(message.author.id)
         if voice_id is None:  # the guild took the bot's voice away
             return
-        voice = self.services.synthesizer.voices.get(voice_id)
+        voice = await self.voices.get(voice_id)
         queue: asyncio.Queue[str] = asyncio.Queue()
         queue.put_nowait(delta)
         followed.queue = queue

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import discord
-import numpy as np
 from discord import app_commands
 
 from cogs.base import (
@@ -268,7 +267,7 @@ class VoiceCog(ReplyingCog):
             )
         _check_audio_type(clip)
         voice_name = _clean_name(name) if name else _name_from(member.display_name)
-        if any(v.name.lower() == voice_name.lower() for v in self.services.synthesizer.voices.list(owner_id=member.id)):
+        if any(v.name.lower() == voice_name.lower() for v in await self.voices.list(member.id)):
             raise UsageError(
                 f"You already have a voice called {voice_name!r}: pick another name with the name option, or "
                 f"remove the old one with /voice delete."
@@ -332,34 +331,35 @@ class VoiceCog(ReplyingCog):
         server: bool,
         pending: tuple[str, str] | None,
     ) -> None:
-        """After consent: download, create the voice, record consent, start the phrase precompute."""
+        """After consent: download, then one call creates the voice (consent, rows, phrase precompute)."""
         limit_mb = self.services.config.discord.max_attachment_mb
         data = await clip.read()
         if len(data) > limit_mb * MB:  # the metadata said otherwise; never hand an oversized file on
             raise UsageError(f"That file is larger than {limit_mb:g} MB; upload a shorter clip.")
-        voice, warnings = await self.services.synthesizer.create_voice(
+        phrases_line = lambda done, total: progress.set(  # noqa: E731
+            "phrases", f"Precomputing common phrases {done}/{total}…")
+        made = await self.voices.create(
             voice_name,
             data,
             clip.filename,
             owner_id=member.id,
+            guild_id=guild.id,
+            server=server,
             transcript=transcript,
             language=language,
             consent=consent,
             enrollment_prompt=pending[0] if pending else None,
             progress=progress.callback("clone", lambda stage, frac: _STAGES.get(stage, f"{stage.capitalize()}…")),
+            phrase_progress=phrases_line,
         )
         self._pending.pop(member.id, None)
-        await self.store.record_consent(voice.id, member.id, consent["statement"])
-        if server:
-            await self.store.add_guild_voice(guild.id, voice.id, member.id)
-        settings = await self.store.user_settings(member.id, guild.id)
-        if settings["voice"] is None and not server:
-            await self.store.set_user_setting(member.id, "voice", voice.id)
+        voice = made.voice
         where = "a server voice here" if server else "your voice"
         lines = [f"**{voice.name}** is ready as {where}. Hear it with `/voice preview {voice.name}`."]
-        lines += [f"Note: {w}" for w in warnings]
+        lines += [f"Note: {w}" for w in made.warnings]
         progress.set("clone", "\n".join(lines))
-        await self._precompute_with_progress(guild.id, voice, progress)
+        if made.phrases is not None:
+            self._show_precompute(voice, made.phrases, made.phrase_count, progress)
 
     async def _check_may_clone(
         self, interaction: discord.Interaction, guild: discord.Guild, member: discord.Member, server: bool
@@ -385,15 +385,9 @@ class VoiceCog(ReplyingCog):
                 f"Cloning here needs the {role.mention if role else 'configured'} role; ask a server admin for it."
             )
 
-    async def _precompute_with_progress(self, guild_id: int, voice: Voice, progress: ProgressMessage) -> None:
-        """Start the background precompute of the common and the guild's phrases, shown as ``n/m``."""
-        phrases = list(dict.fromkeys([*self.services.config.phrases, *await self.store.phrases(guild_id)]))
-        if not phrases:
-            return
-        total = len(phrases)
+    def _show_precompute(self, voice: Voice, task: asyncio.Task, total: int, progress: ProgressMessage) -> None:
+        """Keep the phrase precompute's line up to date, ``n/m`` then its end."""
         progress.set("phrases", f"Precomputing common phrases 0/{total}…")
-        render = lambda stage, frac: f"Precomputing common phrases {round(frac * total)}/{total}…"  # noqa: E731
-        task = self.services.synthesizer.precompute(voice, phrases, progress=progress.callback("phrases", render))
 
         def done(t: asyncio.Task) -> None:
             self._background.discard(t)
@@ -449,7 +443,7 @@ class VoiceCog(ReplyingCog):
             await speech.say(guild, member, sample, source="slash", voice=voice)
             await send_ephemeral(interaction, f"Speaking a sample in **{voice.name}** in {channel.mention}.")
             return
-        data = await self._render_preview(sample, voice)
+        data = await self.voices.preview_wav(sample, voice, PREVIEW_MAX_S)
         await interaction.followup.send(
             f"**{voice.name}** says: {sample}",
             file=discord.File(io.BytesIO(data), filename=f"{_file_stem(voice.name)}.wav"),
@@ -461,24 +455,6 @@ class VoiceCog(ReplyingCog):
         if self.services.speech is None:
             raise UsageError("Speech is not running in this process; name a voice.")
         return await self.services.speech.resolve_voice(guild, member)
-
-    async def _render_preview(self, text: str, voice: Voice) -> bytes:
-        """Synthesize ``text`` (at most ``PREVIEW_MAX_S``) into a 16-bit WAV file."""
-        pieces: list[np.ndarray] = []
-        total = 0
-        rate = 32000
-        stream = self.services.synthesizer.stream(text, voice)
-        try:
-            async for chunk in stream:
-                rate = chunk.sample_rate
-                pieces.append(chunk.to_int16())
-                total += chunk.audio.size
-                if total >= PREVIEW_MAX_S * rate:
-                    break
-        finally:
-            await stream.aclose()
-        audio = np.concatenate(pieces)[: int(PREVIEW_MAX_S * rate)] if pieces else np.zeros(0, np.int16)
-        return _wav_bytes(audio, rate)
 
     @voice.command(name="list", description="The voices you can use here")
     async def list_voices(self, interaction: discord.Interaction) -> None:
@@ -510,7 +486,7 @@ class VoiceCog(ReplyingCog):
     async def share(self, interaction: discord.Interaction, name: str) -> None:
         guild, member = guild_member(interaction)
         voice = (await find_voice(self.services, guild.id, member.id, name, own=True)).voice
-        if await self.store.share_voice(voice.id, guild.id, member.id):
+        if await self.voices.share(voice, guild.id, member.id):
             await send_ephemeral(interaction, f"**{voice.name}** is now shared with this server; undo with /voice unshare.")
         else:
             await send_ephemeral(interaction, f"**{voice.name}** was already shared with this server.")
@@ -520,7 +496,7 @@ class VoiceCog(ReplyingCog):
     async def unshare(self, interaction: discord.Interaction, name: str) -> None:
         guild, member = guild_member(interaction)
         voice = (await find_voice(self.services, guild.id, member.id, name, own=True)).voice
-        if await self.store.unshare_voice(voice.id, guild.id):
+        if await self.voices.share(voice, guild.id, member.id, shared=False):
             await send_ephemeral(interaction, f"**{voice.name}** is no longer shared with this server.")
         else:
             await send_ephemeral(interaction, f"**{voice.name}** was not shared with this server.")
@@ -554,14 +530,13 @@ class VoiceCog(ReplyingCog):
             timed_out="No answer, so nothing was deleted.",
         ):
             return
-        await self.services.synthesizer.delete_voice(voice.id)
-        await self.store.forget_voice(voice.id)
+        await self.voices.delete(voice.id)
         await interaction.edit_original_response(content=f"**{voice.name}** is deleted, with everything derived from it.")
 
     @app_commands.command(name="forget-me", description="Delete all your voices, settings and records everywhere")
     async def forget_me(self, interaction: discord.Interaction) -> None:
         user_id = interaction.user.id
-        voices = self.services.synthesizer.voices.list(owner_id=user_id)
+        voices = await self.voices.list(user_id)
         view = ConfirmView(user_id, "Forget me", danger=True)
         await interaction.response.send_message(
             f"This deletes your {len(voices)} voice(s), your settings, nicknames and consent records in every "
@@ -574,12 +549,10 @@ class VoiceCog(ReplyingCog):
             timed_out="No answer, so nothing was deleted.",
         ):
             return
-        for voice in voices:
-            await self.services.synthesizer.delete_voice(voice.id)
-        counts = await self.store.forget_user(user_id, [v.id for v in voices])
+        deleted, counts = await self.voices.forget_user(user_id)
         self._pending.pop(user_id, None)
         await interaction.edit_original_response(
-            content=f"Done: {len(voices)} voice(s) and {sum(counts.values())} stored record(s) about you are deleted."
+            content=f"Done: {deleted} voice(s) and {sum(counts.values())} stored record(s) about you are deleted."
         )
 
     async def cog_unload(self) -> None:
@@ -622,15 +595,6 @@ def _name_from(display_name: str) -> str:
 def _file_stem(name: str) -> str:
     """A safe file name stem."""
     return re.sub(r"[^\w\-]+", "_", name).strip("_") or "voice"
-
-
-def _wav_bytes(audio: np.ndarray, rate: int) -> bytes:
-    """``[N]`` int16 mono -> a WAV file."""
-    import soundfile as sf
-
-    buf = io.BytesIO()
-    sf.write(buf, audio, rate, format="WAV", subtype="PCM_16")
-    return buf.getvalue()
 
 
 async def setup(bot: VoiceBot) -> None:

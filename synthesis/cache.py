@@ -4,7 +4,11 @@ Both are :mod:`diskcache` stores bounded in bytes with least-recently-used evict
 stay within their budget. Every entry is tagged with its voice id, so a voice change or deletion removes all of its
 entries at once (:meth:`SynthesisCache.invalidate_voice`); SQLite's ``secure_delete`` overwrites the removed rows.
 A deleted voice is *retired* (:meth:`SynthesisCache.retire_voice`): its entries go and later writes for it are
-refused, so a request that was in flight when its voice was deleted cannot write its results back.
+refused, so a request that was in flight when its voice was deleted cannot write its results back. Across processes
+(``python -m bot voices delete`` beside a running bot) the voice store's folder is the shared mark: a cache bound
+to a voice store (:meth:`SynthesisCache.bind_voices`) stores an entry and then checks that its voice's folder still
+exists, taking the entry back out if not, while a delete makes the folder disappear (a rename) before it removes
+the entries. So whichever comes first, no entry of a deleted voice survives, and nothing is left to mark it.
 
 Policy for random sampling (``seed == -1``)
 -------------------------------------------
@@ -27,7 +31,7 @@ import re
 import threading
 import unicodedata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import diskcache
 import numpy as np
@@ -62,7 +66,8 @@ class SynthesisCache:
         self._prosody = _open(self.dir / "prosody", prosody_bytes)
         self._audio = _open(self.dir / "audio", audio_bytes)
         self._counts = {"prosody": [0, 0], "audio": [0, 0]}  # [hits, misses] since this process opened the cache
-        self._retired: set[str] = set()  # deleted voices: their writes are refused (this process)
+        self._retired: set[str] = set()  # deleted voices seen by this process: their writes are refused
+        self._voice_exists: Callable[[str], bool] | None = None  # the voice store's folders (bind_voices)
         self._write_lock = threading.Lock()  # a write and a retirement never interleave
 
     # --- keys ---------------------------------------------------------------------------------------------------
@@ -149,16 +154,22 @@ class SynthesisCache:
     def retire_voice(self, voice_id: str) -> int:
         """A voice is being deleted: refuse its writes from now on, then remove its entries; returns how many.
 
-        The refusal and the removal happen under the write lock, so no write of the voice lands after it (in
-        this process; another process's writes are removed by its own delete or by start-up recovery).
+        The refusal and the removal happen under the write lock, so no write of this process lands after it;
+        another process's writes are taken back by that process (see the module docstring).
         """
         with self._write_lock:
             self._retired.add(voice_id)
         return self.invalidate_voice(voice_id)
 
+    def bind_voices(self, voice_exists: Callable[[str], bool]) -> None:
+        """Check every write against the voice store: an entry of a voice with no folder is taken back out."""
+        self._voice_exists = voice_exists
+
     def is_retired(self, voice_id: str) -> bool:
-        """Was this voice deleted while this cache was open?"""
-        return voice_id in self._retired
+        """Was this voice deleted (by this process, or by any process when the cache is bound to a voice store)?"""
+        if voice_id in self._retired:
+            return True
+        return self._voice_exists is not None and not self._voice_exists(voice_id)
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per cache: ``hits``/``misses`` since opened, ``entries``, ``bytes`` on disk, ``limit`` bytes."""
@@ -200,10 +211,14 @@ class SynthesisCache:
     def _put(self, cache: diskcache.Cache, key: str, value: bytes, voice_id: str) -> bool:
         """Store a value unless its voice is retired; evicts least recently used entries while over the bound."""
         with self._write_lock:
-            if voice_id in self._retired:
+            if self.is_retired(voice_id):
                 log.info("cache: not storing an entry of deleted voice %s", voice_id)
                 return False
             cache.set(key, value, tag=voice_id, retry=True)
+            if self.is_retired(voice_id):  # deleted meanwhile by another process: its removal may have run first
+                cache.delete(key, retry=True)
+                log.info("cache: took back an entry of voice %s, deleted while it was written", voice_id)
+                return False
         if cache.volume() > cache.size_limit * OVERSHOOT:  # a large value went in: cull in batches until under
             cache.cull(retry=True)
         return True

@@ -1,71 +1,90 @@
 """``Synthesizer.stream``: the hot path from text to audio chunks, sentence by sentence.
 
-Per sentence: text front-end -> prosody cache or GPT -> audio cache or SoVITS. Up to ``LOOKAHEAD`` sentences are
-in flight, so the GPT of sentence i+1 runs while sentence i is being decoded and played. Every request is
-independent: the voice travels with it, nothing is shared between users but the engine and the caches.
+Each sentence is one :class:`~synthesis.stages.SentenceJob` through the stages of :mod:`synthesis.stages`:
+``phonemize -> prosody (cache | GPT) -> vocode (cache | SoVITS) -> finish``. One producer turns the text into a
+render task per sentence, up to ``LOOKAHEAD`` ahead of the one being yielded, so the GPT of sentence i+1 runs while
+sentence i is being decoded and played. Every request is independent: the voice travels with it, nothing is shared
+between users but the engine and the caches. Voices are made and deleted by :mod:`synthesis.voicing`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
-import itertools
 import logging
 import math
-import random
 import time
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import AsyncIterator, Awaitable, Callable, NamedTuple
 
 import numpy as np
 
-from engines import (SAMPLE_RATE, SAMPLES_PER_TOKEN, SSL_SAMPLE_RATE, Engine, SamplingParams, SemanticRequest,
-                     SpeechError, VoicePrompt)
-from synthesis.audio import fade_edges, raised_cosine, reference_from_upload, resample
+from engines import SAMPLE_RATE, Engine, SamplingParams, SemanticRequest, SpeechError, VoicePrompt
 from synthesis.cache import SynthesisCache
-from synthesis.scheduler import BACKGROUND, LIVE, Clock, Deadline, DeviceWorker
-from synthesis.text import Phonemes, SentenceStream, bert_features, normalize_for_cache, split_sentences, text_to_phonemes
+from synthesis.metrics import PipelineStats
+from synthesis.scheduler import LIVE, Clock, Deadline, DeviceWorker
+from synthesis.stages import EarlyAudio, SentenceJob, Stages, finish
+from synthesis.text import SentenceStream, split_sentences, text_to_phonemes
 from synthesis.types import AudioChunk, BusyError, DeadlineError, Limits, SynthesisParams, Voice, VoiceNotFound
-from synthesis.voices import VoiceError, VoiceStore, check_name
+from synthesis.voices import VoiceStore
+from synthesis.voicing import Voicing
 
 log = logging.getLogger(__name__)
 
 LOOKAHEAD = 2  # sentences rendered ahead of the one being yielded
-METRIC_WINDOW = 512  # recent samples kept for the ttfa / rtf histograms
 WARM_UP_TOKENS = 8  # GPT steps of the start-up warm-up run
-EARLY_HOLDBACK_TOKENS = 4  # the early chunk's last tokens lack right context: the full decode replaces them
-CROSSFADE_SAMPLES = 640  # 20 ms @ 32 kHz where the early chunk hands over to the full decode
 # A request starts only if its first sentence comes within this share of the deadline: the rest is the headroom
 # that lets its later sentences wait behind the requests admitted before it, so a request that starts is finished.
 FIRST_WAIT_SHARE = 0.5
-MIN_ROOM_POSITIONS = 400  # GPT context a voice's prompt must leave for a sentence (~100 phones + 12 s of tokens)
-TOKENS_PER_S = SAMPLE_RATE / SAMPLES_PER_TOKEN  # semantic tokens per second of reference (25)
-GPT_CONTEXT = 2048  # the engines' GPT context per request (engines.torch_engine.MAX_CONTEXT) unless they say
-Progress = Callable[[str, float], None]
 
+
+class _InFlight(NamedTuple):
+    """A sentence handed from the producer to the consumer: its render task, its job, its early audio (if any)."""
+
+    task: asyncio.Task[AudioChunk]
+    job: SentenceJob
+    early: EarlyAudio | None
+
+
+_Order = asyncio.Queue  # of _InFlight | BaseException (the producer failed) | None (the text ended)
 
 class Synthesizer:
-    """Text (whole or streamed) + voice -> audio chunks. One per process; safe for many concurrent callers."""
+    """Text (whole or streamed) + voice -> audio chunks. One per process; safe for many concurrent callers.
 
-    def __init__(self, engine: Engine, voices: VoiceStore, cache: SynthesisCache, *,
-                 defaults: SynthesisParams | None = None, limits: Limits | None = None,
-                 clock: Clock = time.monotonic) -> None:
-        self.engine = engine
+    Parameters
+    ----------
+    worker: the device worker that owns the engine (built by the caller, closed by :meth:`close`).
+    voices: the voice store.
+    cache: the prosody and audio caches.
+    defaults: per-request options when a call gives none.
+    limits: the operational limits.
+
+    Attributes
+    ----------
+    stages: the sentence stages (:mod:`synthesis.stages`).
+    voicing: creates, re-encodes, precomputes and deletes voices (:mod:`synthesis.voicing`).
+    stats: counters and recent timings (:mod:`synthesis.metrics`).
+    """
+
+    def __init__(self, worker: DeviceWorker, voices: VoiceStore, cache: SynthesisCache, *,
+                 defaults: SynthesisParams | None = None, limits: Limits | None = None) -> None:
+        self.worker = worker
         self.voices = voices
         self.cache = cache
         self.defaults = defaults or SynthesisParams()
         self.limits = limits or Limits()
-        self.clock = clock  # the time deadlines are measured in (tests may pass a virtual clock)
-        self.worker = DeviceWorker(engine, clock=clock)
+        self.stats = PipelineStats()
+        self.stages = Stages(worker, cache, self.stats)
+        self.voicing = Voicing(self.stages, voices, self.limits, self.defaults)
         self._admitted = 0  # live requests between their stream() call and the end of their stream
-        self._requests = itertools.count()  # admission order: earlier requests are finished first
-        self.ttfa_s: collections.deque[float] = collections.deque(maxlen=METRIC_WINDOW)
-        self.rtf: collections.deque[float] = collections.deque(maxlen=METRIC_WINDOW)
-        self.counters: collections.Counter[str] = collections.Counter()
-        self._background: set[asyncio.Task[int]] = set()
-        self._precomputing: dict[asyncio.Task[int], str] = {}  # precompute task -> voice id
-        self._uses_sv: bool | None = None  # does the engine's SoVITS read SV features (v2Pro)? None: not yet known
-        self._reencoding: dict[str, asyncio.Lock] = {}  # voice id -> lock held while it is re-encoded
+
+    @property
+    def engine(self) -> Engine:
+        return self.worker.engine
+
+    @property
+    def clock(self) -> Clock:
+        """The time deadlines are measured in: the worker's (tests may give it a virtual clock)."""
+        return self.worker.clock
 
     @property
     def engine_name(self) -> str:
@@ -78,6 +97,10 @@ class Synthesizer:
     @property
     def precision(self) -> str:
         return self.engine.precision
+
+    @property
+    def counters(self) -> collections.Counter[str]:
+        return self.stats.counters
 
     @property
     def busy(self) -> bool:
@@ -124,44 +147,44 @@ class Synthesizer:
 
     async def _stream(self, text: str | AsyncIterator[str], voice: Voice | str, params: SynthesisParams | None,
                       deadline: float | None, priority: int, release: Callable[[], None]) -> AsyncIterator[AudioChunk]:
-        """The body of :meth:`stream` for an admitted request."""
+        """The body of :meth:`stream` for an admitted request: one producer, this consumer, in sentence order."""
         try:
-            v = await self._fitted_voice(self._resolve_voice(voice))
+            v = await self.voicing.fit(self._resolve_voice(voice))
             p = params or self.defaults
         except BaseException:
             release()
             raise
-        request = next(self._requests)
         self.counters["requests"] += 1
-        started = time.perf_counter()
-        audio_s = 0.0
-        # The producer turns text into render tasks; the bounded queue limits how far it runs ahead.
-        order: asyncio.Queue[tuple[asyncio.Task[AudioChunk | None], Deadline] | BaseException | None] = \
-            asyncio.Queue(LOOKAHEAD)
+        started, audio_s = time.perf_counter(), 0.0
+        order: _Order = asyncio.Queue(LOOKAHEAD)  # bounded: how far the producer renders ahead
         overall = math.inf if deadline is None else float(deadline)
-        producer = asyncio.create_task(self._produce(text, v, p, overall, priority, request, order))
-        current: asyncio.Task[AudioChunk | None] | None = None
+        producer = asyncio.create_task(self._produce(text, v, p, overall, priority, order))
+        current: _InFlight | None = None
         try:
             while (item := await order.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
-                current, waited = item
-                if audio_s > 0.0:
-                    # The request is speaking: the rest of it is finished, never cut part-way. Its jobs still wait
-                    # only behind the requests admitted before it (the scheduler's order), so the wait is bounded
-                    # by work already admitted, and the overall ``deadline`` still applies.
-                    waited.wait_s = math.inf
+                current = item
+                waited = item.job.deadline
+                assert waited is not None, "a live sentence has a deadline"
                 waited.start(self.clock())  # somebody waits for this sentence from now on
-                chunk = await current
+                # the first words (while the sentence's GPT goes on), then the sentence or the rest of it
+                for step in (item.early.chunk if item.early is not None else None, item.task):
+                    if audio_s > 0.0:
+                        # The request is speaking: the rest of it is finished, never cut part-way. Its jobs still
+                        # wait only behind the requests admitted before it (the scheduler's order), so the wait is
+                        # bounded by work already admitted, and the overall ``deadline`` still applies.
+                        waited.wait_s = math.inf
+                    chunk = await step if step is not None else None
+                    if chunk is None:  # no early chunk (a short sentence, a cache hit)
+                        continue
+                    if audio_s == 0.0:
+                        self.stats.ttfa_s.append(time.perf_counter() - started)
+                    audio_s += chunk.audio.size / SAMPLE_RATE
+                    yield chunk
                 current = None
-                if chunk is None:  # an early chunk that did not happen (short sentence, cache hit)
-                    continue
-                if audio_s == 0.0:
-                    self.ttfa_s.append(time.perf_counter() - started)
-                audio_s += chunk.audio.size / SAMPLE_RATE
-                yield chunk
             if audio_s > 0:
-                self.rtf.append((time.perf_counter() - started) / audio_s)
+                self.stats.rtf.append((time.perf_counter() - started) / audio_s)
             self.counters["completed"] += 1
         except DeadlineError:
             self.counters["deadline"] += 1
@@ -169,54 +192,55 @@ class Synthesizer:
         finally:
             release()
             producer.cancel()
-            leftovers = [current] if current is not None else []
-            while not order.empty():
-                item = order.get_nowait()
-                if isinstance(item, tuple):
-                    leftovers.append(item[0])
-            for task in leftovers:
-                task.cancel()
-            await asyncio.gather(producer, *leftovers, return_exceptions=True)
+            await _cancel_in_flight(producer, current, order)
 
     async def _produce(self, text: str | AsyncIterator[str], v: Voice, p: SynthesisParams, overall: float,
-                       priority: int, request: int,
-                       order: asyncio.Queue[tuple[asyncio.Task[AudioChunk | None], Deadline] | BaseException | None],
-                       ) -> None:
+                       priority: int, order: _Order) -> None:
         """Start a render task per sentence as soon as the sentence is complete."""
+        request = self.stages.next_request()
+        previous_gpt: asyncio.Event | None = None
         try:
-            index = 0
-            previous_gpt: asyncio.Event | None = None
-            async for sentence in self._sentences(text, p):
+            async for index, sentence in _enumerate(self._sentences(text, p)):
                 # the sentence's own wait bound: its clock starts when the consumer waits for it
                 wait_s = self.limits.deadline_s * (FIRST_WAIT_SHARE if index == 0 else 1.0)
-                deadline = Deadline(wait_s, at=overall, opens=index == 0)
+                job = SentenceJob(sentence, index, v, p, Deadline(wait_s, at=overall, opens=index == 0), priority,
+                                  (request, index))
+                tokens = self.limits.first_chunk_tokens
+                early = EarlyAudio(self.stages, job, tokens) if index == 0 and tokens > 0 and p.speed == 1.0 else None
                 gpt_done = asyncio.Event()
-                early = None
-                if index == 0 and self.limits.first_chunk_tokens > 0 and p.speed == 1.0:
-                    early = _EarlyChunk(self.limits.first_chunk_tokens)
-                    early_task = asyncio.create_task(self._render_early(sentence, v, p, deadline, priority,
-                                                                        (request, 0), early))
-                    try:
-                        await order.put((early_task, deadline))
-                    except asyncio.CancelledError:
-                        early_task.cancel()
-                        raise
-                task = asyncio.create_task(self._render(sentence, index, v, p, deadline, priority,
-                                                        (request, index), previous_gpt, gpt_done, early))
+                item = _InFlight(asyncio.create_task(self._render(job, early, previous_gpt, gpt_done)), job, early)
                 previous_gpt = gpt_done
                 try:
-                    await order.put((task, deadline))
+                    await order.put(item)
                 except asyncio.CancelledError:
-                    task.cancel()
-                    if early is not None:
-                        early.give_up()
+                    _cancel(item)
                     raise
-                index += 1
             await order.put(None)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
             await order.put(e)
+
+    async def _render(self, job: SentenceJob, early: EarlyAudio | None, after: asyncio.Event | None,
+                      gpt_done: asyncio.Event) -> AudioChunk:
+        """One sentence through the stages.
+
+        A request's sentences take the GPT one after another (``after`` -> ``gpt_done``): sentence i+1's GPT runs
+        while sentence i is being decoded, and sentence 1 never shares the GPT with its own followers, which keeps
+        the time to first audio short. The job's order is (request, sentence): the requests admitted first are
+        finished first, on both lanes, so an overloaded worker serves some requests whole rather than all in part.
+        """
+        try:
+            await self.stages.phonemize(job)
+            if not self.stages.cached_audio(job):
+                await self.stages.prosody(job, after=after, on_tokens=early.feed if early is not None else None)
+                gpt_done.set()
+                await self.stages.vocode(job, early)
+            return finish(job)
+        finally:
+            gpt_done.set()  # never leave a follower waiting (cache hit, error or cancellation)
+            if early is not None:
+                early.close()  # nor the listener waiting for an early chunk
 
     async def synthesize(self, text: str, voice: Voice | str,
                          params: SynthesisParams | None = None) -> tuple[np.ndarray, list[AudioChunk]]:
@@ -259,138 +283,6 @@ class Synthesizer:
             if next_piece is not None and not next_piece.done():
                 next_piece.cancel()
 
-    async def _render(self, sentence: str, index: int, voice: Voice, p: SynthesisParams, deadline: Deadline,
-                      priority: int, order: tuple[int, int], after: asyncio.Event | None = None,
-                      gpt_done: asyncio.Event | None = None, early: _EarlyChunk | None = None) -> AudioChunk:
-        """One sentence: front-end, prosody (cache or GPT), audio (cache or SoVITS).
-
-        A request's sentences take the GPT one after another (``after`` -> ``gpt_done``): sentence i+1's GPT runs
-        while sentence i is being decoded, and sentence 1 never shares the GPT with its own followers, which keeps
-        the time to first audio short. ``order`` is (request, sentence): the requests admitted first are finished
-        first, on both lanes, so an overloaded worker serves some requests whole rather than all of them in part.
-        """
-        try:
-            return await self._render_sentence(sentence, index, voice, p, deadline, priority, order, after,
-                                               gpt_done, early)
-        finally:
-            if gpt_done is not None:
-                gpt_done.set()  # never leave a follower waiting (cache hit, error or cancellation)
-            if early is not None:
-                early.give_up()  # nor the early chunk
-
-    async def _render_sentence(self, sentence: str, index: int, voice: Voice, p: SynthesisParams,
-                               deadline: Deadline, priority: int, order: tuple[int, int],
-                               after: asyncio.Event | None, gpt_done: asyncio.Event | None,
-                               early: _EarlyChunk | None) -> AudioChunk:
-        timings: dict[str, float] = {"gpt_s": 0.0, "sovits_s": 0.0, "prosody_hit": 0.0, "audio_hit": 0.0}
-        ph = await asyncio.to_thread(text_to_phonemes, sentence, p.language)
-        seed = _sentence_seed(p.seed, ph.norm_text)
-        pkey = self._prosody_key(voice, ph, p)
-        akey = self.cache.audio_key(pkey, p.speed, p.noise_scale, p.seed if p.seed != -1 else "any")
-        cached = self._cacheable(p)  # the cache's random-seed policy decides whether results are kept and served
-        audio = self.cache.get_audio(akey) if cached else None
-        emitted = 0  # samples of this sentence the early chunk already delivered
-        if audio is not None:
-            timings["audio_hit"] = timings["prosody_hit"] = 1.0
-            self.counters["audio_hit"] += 1
-        else:
-            self.counters["audio_miss"] += 1
-            tokens = self.cache.get_tokens(pkey) if cached else None
-            if tokens is not None:
-                timings["prosody_hit"] = 1.0
-                self.counters["prosody_hit"] += 1
-                if early is not None:
-                    early.offer(ph, tokens, seed)
-            else:
-                self.counters["prosody_miss"] += 1
-                if after is not None:
-                    await after.wait()
-                on_tokens = (lambda new: early.collect(ph, new, seed)) if early is not None else None
-                tokens, timings["gpt_s"] = await self._semantic(ph, voice.prompt, p, seed, deadline, priority,
-                                                                order, on_tokens)
-                if cached:
-                    self.cache.put_tokens(pkey, tokens, voice.id)
-            if gpt_done is not None:
-                gpt_done.set()
-            if early is not None:
-                early.give_up()  # no early chunk unless it has started by now
-            t0 = time.perf_counter()
-            audio = await self.worker.call(
-                lambda: self.engine.decode(tokens, ph.ids, voice.prompt, p.speed, p.noise_scale, seed),
-                priority=priority, order=order, deadline=deadline)
-            timings["sovits_s"] = time.perf_counter() - t0
-            audio = np.asarray(audio, dtype=np.float32)
-            handover = await early.handover() if early is not None else None
-            if handover is not None:
-                emitted, head = handover
-                audio = _stitch(head, audio, emitted)
-            audio = fade_edges(audio)
-            if cached:
-                self.cache.put_audio(akey, audio, voice.id)
-        gap = np.zeros(int(round(SAMPLE_RATE * p.fragment_interval)), dtype=np.float32)
-        return AudioChunk(np.concatenate([audio[emitted:], gap]), sentence, index, SAMPLE_RATE, timings)
-
-    async def _render_early(self, sentence: str, voice: Voice, p: SynthesisParams, deadline: Deadline,
-                            priority: int, order: tuple[int, int], early: _EarlyChunk) -> AudioChunk | None:
-        """The first sentence's first words, decoded from its first tokens while its GPT still runs."""
-        try:
-            offered = await early.prefix
-            if offered is None:
-                return None
-            ph, tokens, seed = offered
-            t0 = time.perf_counter()
-            head = await self.worker.call(
-                lambda: self.engine.decode(tokens, ph.ids, voice.prompt, 1.0, p.noise_scale, seed),
-                priority=priority, order=order, deadline=deadline)
-            head = np.asarray(head, dtype=np.float32)
-            emitted = min(head.size, (tokens.size - EARLY_HOLDBACK_TOKENS) * SAMPLES_PER_TOKEN)
-            early.result.set_result((emitted, head))
-            timings = {"gpt_s": 0.0, "sovits_s": time.perf_counter() - t0, "prosody_hit": 0.0, "audio_hit": 0.0,
-                       "partial": 1.0}
-            return AudioChunk(fade_edges(head[:emitted], tail=False), sentence, 0, SAMPLE_RATE, timings)
-        finally:
-            if not early.result.done():
-                early.result.set_result(None)
-
-    async def _semantic(self, ph: object, prompt: VoicePrompt, p: SynthesisParams, seed: int,
-                        deadline: Deadline | None, priority: int, order: tuple[int, ...],
-                        on_tokens: Callable[[np.ndarray], None] | None = None) -> tuple[np.ndarray, float]:
-        """BERT features (zh only) then the GPT, both on the device worker."""
-        await self._load_bert_for(ph)  # type: ignore[arg-type]
-        bert = await self.worker.call(lambda: bert_features(ph, self.engine.text_features),  # type: ignore[arg-type]
-                                      priority=priority, order=order, deadline=deadline)
-        sampling = SamplingParams(top_k=p.top_k, top_p=p.top_p, temperature=p.temperature,
-                                  repetition_penalty=p.repetition_penalty, seed=seed)
-        request = SemanticRequest(ph.ids, bert, prompt, sampling)  # type: ignore[attr-defined]
-        return await self.worker.semantic(request, priority=priority, order=order, deadline=deadline,
-                                          on_tokens=on_tokens)
-
-    async def _load_bert_for(self, ph: Phonemes) -> None:
-        """Load BERT in a helper thread before the first Chinese text needs it: the load takes seconds, and on the
-        single device thread it would stall every other listener's speech meanwhile (issue 14)."""
-        encoders = getattr(self.engine, "encoders", None)  # the engines that use BERT load it lazily there
-        if encoders is not None and any(piece.lang == "zh" for piece in ph.pieces):
-            await asyncio.to_thread(encoders.bert)
-
-    def _cacheable(self, p: SynthesisParams) -> bool:
-        """May this request's results be stored and served? (``SynthesisCache.cacheable``: the seed policy)."""
-        return self.cache.cacheable({"seed": p.seed, "top_k": p.top_k})
-
-    def _prosody_key(self, voice: Voice, ph: Phonemes, p: SynthesisParams) -> str:
-        """The cache key of a sentence's semantic tokens.
-
-        The language part is the languages the front-end actually used for its pieces, not the requested mode,
-        so "auto" and "en" share entries for an English sentence (precomputed phrases hit either way).
-        """
-        sampling = {"top_k": p.top_k, "top_p": p.top_p, "temperature": p.temperature,
-                    "repetition_penalty": p.repetition_penalty,
-                    # a random-seed request takes any earlier sample of the same text (that is what makes
-                    # precomputed common phrases hit); a seeded one only its own
-                    "seed": p.seed if p.seed != -1 else "any"}
-        return self.cache.prosody_key(self.engine.model_id, voice.id, voice.version,
-                                      normalize_for_cache(ph.norm_text),
-                                      "+".join(piece.lang for piece in ph.pieces), sampling)
-
     def _resolve_voice(self, voice: Voice | str) -> Voice:
         if isinstance(voice, Voice):
             return voice
@@ -398,168 +290,6 @@ class Synthesizer:
             return self.voices.get(voice)
         except VoiceNotFound:
             return self.voices.find(voice)
-
-    # ---- voices ------------------------------------------------------------------------------------------------
-
-    async def create_voice(self, name: str, data: bytes, filename: str = "", *, consent: Mapping[str, Any],
-                           owner_id: int = 0, transcript: str | None = None, language: str = "auto",
-                           enrollment_prompt: str | None = None, progress: Progress | None = None,
-                           phrases: Sequence[str] = ()) -> tuple[Voice, list[str]]:
-        """Validate and encode an uploaded clip, store the voice, start precomputing ``phrases``.
-
-        ``consent`` is the speaker's consent record (``user_id``, ``text``; see ``synthesis.voices.Consent``):
-        nothing is stored without it.
-        """
-        report = progress or (lambda stage, frac: None)
-        check_name(name)  # a name the store would refuse is refused before any decoding or encoding
-        report("decoding", 0.0)
-        lim = self.limits
-        ref = await asyncio.to_thread(reference_from_upload, data, filename, max_bytes=lim.max_upload_bytes,
-                                      max_seconds=lim.max_upload_s, min_s=lim.min_speech_s, max_s=lim.max_speech_s)
-        report("encoding", 0.3)
-        prompt_text = (transcript or enrollment_prompt or "").strip()
-        prompt = await self._encode_prompt(ref.wav16k, ref.wav32k, prompt_text, language)
-        self._check_prompt_room(prompt.prompt_phones.size, prompt.prompt_tokens.size)
-        report("storing", 0.8)
-        voice = await asyncio.to_thread(
-            self.voices.create, name, ref, prompt, owner_id=owner_id, language=language, prompt_text=prompt_text,
-            model_id=self.engine.model_id, consent=consent, enrollment_prompt=enrollment_prompt)
-        report("done", 1.0)
-        if phrases:
-            self.precompute(voice, phrases)
-        return voice, list(ref.warnings)
-
-    async def _encode_prompt(self, wav16k: np.ndarray, wav32k: np.ndarray, prompt_text: str,
-                             language: str) -> VoicePrompt:
-        # v2Pro/v2ProPlus: the clip's speaker-verification features, fused into its style and kept with the voice
-        # (the engine checks at decode time that a voice's features match its model); None for a v2 model
-        sv = await self.worker.call(lambda: self.engine.encode_speaker([wav32k]))
-        sv_emb = None if sv is None else np.asarray(sv, np.float32)  # [1, sv_dim]
-        self._uses_sv = sv_emb is not None
-        if prompt_text:
-            if prompt_text[-1] not in "，。？！,.?!~:：—…":
-                prompt_text += "." if language == "en" else "。"
-            ph = await asyncio.to_thread(text_to_phonemes, prompt_text, language)
-            # checked before the model work, with the tokens the clip will give (25 per second)
-            self._check_prompt_room(len(ph.ids), math.ceil(wav16k.size / SSL_SAMPLE_RATE * TOKENS_PER_S))
-            await self._load_bert_for(ph)
-            bert = await self.worker.call(lambda: bert_features(ph, self.engine.text_features))
-            tokens, ge = await self.worker.call(lambda: self.engine.encode_reference(wav16k, [wav32k], sv_emb=sv_emb))
-            return VoicePrompt(np.asarray(tokens, np.int64), np.asarray(ge, np.float32),
-                               np.asarray(ph.ids, np.int64), np.asarray(bert, np.float32), sv_emb)
-        _, ge = await self.worker.call(lambda: self.engine.encode_reference(None, [wav32k], sv_emb=sv_emb))
-        return VoicePrompt(np.zeros(0, np.int64), np.asarray(ge, np.float32), np.zeros(0, np.int64),
-                           np.zeros((1024, 0), np.float32), sv_emb)
-
-    async def _fitted_voice(self, voice: Voice) -> Voice:
-        """The voice as the loaded model needs it: re-encoded (once) from its stored reference clip when its prompt
-        was made by another model, so a prompt of one model never conditions another.
-
-        Raises
-        ------
-        VoiceError
-            the voice needs re-encoding but has no stored reference clip; the message says to create it again.
-        """
-        if await self._fits(voice):
-            return voice
-        lock = self._reencoding.setdefault(voice.id, asyncio.Lock())
-        async with lock:  # concurrent requests for the voice wait for one re-encode
-            try:
-                stored = await asyncio.to_thread(self.voices.get, voice.id)
-            except VoiceNotFound:
-                raise VoiceError(f"voice {voice.name!r} was made for another model and is not in the voice store, "
-                                 "so it cannot be re-encoded; create the voice again") from None
-            if await self._fits(stored):  # re-encoded meanwhile (the caller held the previous version)
-                return stored
-            return await self._reencode(stored)
-
-    async def _fits(self, voice: Voice) -> bool:
-        """Was this voice's prompt made by the loaded model (its model id, and SV features exactly when it uses
-        them)?"""
-        if voice.model_id != self.engine.model_id:
-            return False
-        if self._uses_sv is None:  # learnt from the first encode; until then, from one second of silence
-            sv = await self.worker.call(lambda: self.engine.encode_speaker([np.zeros(SAMPLE_RATE, np.float32)]))
-            self._uses_sv = sv is not None
-        return (voice.prompt.sv_emb is not None) == self._uses_sv
-
-    async def _reencode(self, voice: Voice) -> Voice:
-        """Encode a stored voice again, from its stored clip and transcript, with the loaded model; store it."""
-        try:
-            clip = await asyncio.to_thread(self.voices.load_clip, voice.id)  # [N] float32 @ 32 kHz
-        except VoiceNotFound:
-            raise VoiceError(f"voice {voice.name!r} was made for another model and its reference clip is missing, "
-                             "so it cannot be re-encoded; create the voice again") from None
-        log.info("voice %s was encoded by model %s; re-encoding it for model %s", voice.id, voice.model_id,
-                 self.engine.model_id)
-        wav16k = await asyncio.to_thread(resample, clip, SAMPLE_RATE, SSL_SAMPLE_RATE)  # [M] float32 @ 16 kHz
-        prompt = await self._encode_prompt(wav16k, clip, voice.prompt_text, voice.language)
-        self.counters["voice_reencoded"] += 1
-        return await asyncio.to_thread(self.voices.replace, voice.id, prompt, model_id=self.engine.model_id)
-
-    def _check_prompt_room(self, phones: int, tokens: int) -> None:
-        """Refuse a reference whose transcript and tokens leave the GPT no room for a sentence.
-
-        Every request puts the reference's phones and prompt tokens in front of the sentence, in a context of
-        ``engine.max_context`` positions; an overlong transcript would make every synthesis with the voice fail.
-        """
-        context = int(getattr(self.engine, "max_context", GPT_CONTEXT))
-        used = int(phones) + int(tokens)
-        if used + MIN_ROOM_POSITIONS > context:
-            raise VoiceError(
-                f"the reference is too long for the model: its transcript ({phones} phones) "
-                f"and clip ({tokens} tokens) take {used} of the GPT's {context} positions, "
-                f"leaving less than the {MIN_ROOM_POSITIONS} a sentence needs; give only the words spoken in "
-                "the 3-10 s clip as its transcript")
-
-    async def delete_voice(self, voice_id: str) -> None:
-        """Remove the voice and every byte derived from it (files and cache entries).
-
-        Its background precomputes are stopped first, and the cache refuses the voice's entries from now on, so
-        a request still in flight for it cannot write its results back after the delete.
-        """
-        pending = [t for t, vid in self._precomputing.items() if vid == voice_id]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        await asyncio.to_thread(self.voices.delete, voice_id)
-        self._reencoding.pop(voice_id, None)
-
-    def precompute(self, voice: Voice, phrases: Sequence[str], progress: Progress | None = None,
-                   params: SynthesisParams | None = None) -> asyncio.Task[int]:
-        """Compute the prosody of ``phrases`` in the background (live requests always go first)."""
-        task = asyncio.create_task(self._precompute(voice, list(phrases), progress, params or self.defaults))
-        self._background.add(task)
-        self._precomputing[task] = voice.id
-        task.add_done_callback(self._background_done)
-        return task
-
-    def _background_done(self, task: asyncio.Task[int]) -> None:
-        self._background.discard(task)
-        self._precomputing.pop(task, None)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("precompute failed: %s", task.exception())
-
-    async def _precompute(self, voice: Voice, phrases: list[str], progress: Progress | None,
-                          p: SynthesisParams) -> int:
-        done = 0
-        voice = await self._fitted_voice(voice)
-        if not self._cacheable(p):  # nothing computed here could be served again
-            log.info("precompute skipped: the cache keeps no random-seed samples (cache.reuse_random is off)")
-            return done
-        order = (next(self._requests),)
-        for i, phrase in enumerate(phrases):
-            for sentence in split_sentences(phrase, p.split_method, p.language):
-                ph = await asyncio.to_thread(text_to_phonemes, sentence, p.language)
-                pkey = self._prosody_key(voice, ph, p)
-                if self.cache.get_tokens(pkey) is None:
-                    seed = _sentence_seed(p.seed, ph.norm_text)
-                    tokens, _ = await self._semantic(ph, voice.prompt, p, seed, None, BACKGROUND, order)
-                    self.cache.put_tokens(pkey, tokens, voice.id)
-                    done += 1
-            if progress is not None:
-                progress("precompute", (i + 1) / len(phrases))
-        return done
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -570,40 +300,58 @@ class Synthesizer:
             try:
                 ph_warm = await asyncio.to_thread(text_to_phonemes, text, lang)
                 if lang == "zh" and self.defaults.language == "zh":  # Chinese is the default: BERT now
-                    await self._load_bert_for(ph_warm)
+                    await self.stages.load_bert_for(ph_warm)
             except SpeechError as e:  # a missing optional language must not stop the process
                 log.warning("text front-end warm-up for %s failed: %s", lang, e)
         ph = await asyncio.to_thread(text_to_phonemes, "Warming up.", "en")
+        engine = self.engine
         silence = np.zeros(SAMPLE_RATE, np.float32)  # [32000] @ 32 kHz
-        sv = await self.worker.call(lambda: self.engine.encode_speaker([silence]))
-        self._uses_sv = sv is not None
-        _, ge = await self.worker.call(lambda: self.engine.encode_reference(None, [silence], sv_emb=sv))
+        sv = await self.worker.call(lambda: engine.encode_speaker([silence]))
+        self.voicing.uses_sv = sv is not None
+        _, ge = await self.worker.call(lambda: engine.encode_reference(None, [silence], sv_emb=sv))
         prompt = VoicePrompt(np.zeros(0, np.int64), np.asarray(ge, np.float32), np.zeros(0, np.int64),
                              np.zeros((1024, 0), np.float32), None if sv is None else np.asarray(sv, np.float32))
         request = SemanticRequest(ph.ids, np.zeros((1024, ph.ids.size), np.float32), prompt,
                                   SamplingParams(seed=0, early_stop_num=WARM_UP_TOKENS))
         tokens, _ = await self.worker.semantic(request)
-        await self.worker.call(lambda: self.engine.decode(tokens, ph.ids, prompt, 1.0, 0.5, 0))
+        await self.worker.call(lambda: engine.decode(tokens, ph.ids, prompt, 1.0, 0.5, 0))
 
     def metrics(self) -> dict[str, object]:
-        c = self.counters
-        ph, pm = c["prosody_hit"], c["prosody_miss"]
-        ah, am = c["audio_hit"], c["audio_miss"]
-        return {
-            "queue_depth": self.worker.queue_depth, "inflight": self._admitted, "requests": c["requests"],
-            "busy": c["busy"], "prosody_hits": ph, "prosody_misses": pm, "audio_hits": ah, "audio_misses": am,
-            "prosody_hit_ratio": ph / (ph + pm) if ph + pm else 0.0,
-            "audio_hit_ratio": ah / (ah + am) if ah + am else 0.0,
-            "ttfa_s": list(self.ttfa_s), "rtf": list(self.rtf),
-            "engine": self.engine.name, "device": self.engine.device, "precision": self.engine.precision,
-        }
+        """Counters, hit ratios, recent timings and the engine, for ``/metrics``."""
+        return self.stats.snapshot(queue_depth=self.worker.queue_depth, inflight=self._admitted,
+                                   engine=self.engine.name, device=self.engine.device,
+                                   precision=self.engine.precision)
 
     async def close(self) -> None:
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.voicing.stop_precompute()
         await asyncio.to_thread(self.worker.close)
         self.cache.close()
+
+
+async def _enumerate(items: AsyncIterator[str]) -> AsyncIterator[tuple[int, str]]:
+    index = 0
+    async for item in items:
+        yield index, item
+        index += 1
+
+
+def _cancel(item: _InFlight) -> list[Awaitable[object]]:
+    """Stop a sentence's render (and its early decode); returns what to await."""
+    item.task.cancel()
+    head = item.early.cancel() if item.early is not None else None
+    return [item.task] if head is None else [item.task, head]
+
+
+async def _cancel_in_flight(producer: asyncio.Task[None], current: _InFlight | None, order: _Order) -> None:
+    """The request ended (done, failed, closed or cancelled): stop whatever it still has in flight."""
+    leftovers: list[Awaitable[object]] = [producer]
+    if current is not None:
+        leftovers += _cancel(current)
+    while not order.empty():
+        item = order.get_nowait()
+        if isinstance(item, _InFlight):
+            leftovers += _cancel(item)
+    await asyncio.gather(*leftovers, return_exceptions=True)
 
 
 class _AdmittedStream:
@@ -641,60 +389,3 @@ async def _refused(error: BaseException) -> AsyncIterator[AudioChunk]:
     """A stream that raises ``error`` at its first step (a request that was not admitted)."""
     raise error
     yield  # pragma: no cover - makes this an async generator
-
-
-def _sentence_seed(seed: int, norm_text: str) -> int:
-    """Per-sentence seed: fixed seeds give the same sentence the same sample wherever it appears."""
-    if seed == -1:
-        return random.getrandbits(31)
-    digest = hashlib.blake2b(f"{seed}\x00{norm_text}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
-
-
-def _stitch(head: np.ndarray, full: np.ndarray, emitted: int) -> np.ndarray:
-    """The full decode, with the early chunk's samples before ``emitted`` and a crossfade after them."""
-    out = full.copy()
-    out[:emitted] = head[:emitted]
-    n = max(0, min(CROSSFADE_SAMPLES, head.size - emitted, full.size - emitted))
-    if n:
-        rise = raised_cosine(n)
-        out[emitted:emitted + n] = head[emitted:emitted + n] * (1 - rise) + full[emitted:emitted + n] * rise
-    return out
-
-
-class _EarlyChunk:
-    """Hand-over between the first sentence's render task and its early-chunk task."""
-
-    def __init__(self, tokens_needed: int) -> None:
-        self.tokens_needed = tokens_needed
-        loop = asyncio.get_running_loop()
-        # (phonemes, first tokens, seed) once enough tokens exist, or None: no early chunk
-        self.prefix: asyncio.Future[tuple[Phonemes, np.ndarray, int] | None] = loop.create_future()
-        # (samples emitted, the early decode) once the early chunk went out, or None
-        self.result: asyncio.Future[tuple[int, np.ndarray] | None] = loop.create_future()
-        self._seen: list[np.ndarray] = []
-
-    def collect(self, ph: Phonemes, new_tokens: np.ndarray, seed: int) -> None:
-        """Tokens streamed from the GPT; starts the early chunk when enough have arrived."""
-        if self.prefix.done():
-            return
-        self._seen.append(np.asarray(new_tokens, np.int64))
-        tokens = np.concatenate(self._seen)
-        if tokens.size >= self.tokens_needed:
-            self.prefix.set_result((ph, tokens[: self.tokens_needed], seed))
-
-    def offer(self, ph: Phonemes, tokens: np.ndarray, seed: int) -> None:
-        """All tokens known up front (prosody-cache hit): the same early chunk, so a hit equals a miss."""
-        if not self.prefix.done():
-            self.prefix.set_result((ph, tokens[: self.tokens_needed], seed) if tokens.size >= self.tokens_needed
-                                   else None)
-
-    def give_up(self) -> None:
-        if not self.prefix.done():
-            self.prefix.set_result(None)
-
-    async def handover(self) -> tuple[int, np.ndarray] | None:
-        """What the early chunk delivered (None when it did not happen)."""
-        if self.prefix.done() and self.prefix.result() is None:
-            return None
-        return await self.result

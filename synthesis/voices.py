@@ -5,9 +5,10 @@ prompt_bert, and sv_emb for a v2Pro/v2ProPlus voice) and ``meta.json`` (identity
 identity, consent). A voice is built in ``root/.tmp-<uuid>/``, every file and the folder fsynced, then renamed into
 place, so a crash at any point leaves either the whole voice or nothing visible. A replacement swaps folders through
 ``root/.old-<id>-<uuid>/``; start-up restores an interrupted swap and removes stale temporary folders. A delete
-first retires the voice in the cache (its entries go, and later writes for it are refused), then renames the folder
-to ``root/.trash-<id>-<uuid>/`` and removes it; start-up removes a leftover trash folder and the cache entries of
-its voice. The model work (HuBERT, VQ, ge, phones, BERT) is the caller's: it passes the finished
+first renames the folder to ``root/.trash-<id>-<uuid>/`` (the voice is gone for every process: the cache, bound to
+the store, refuses and takes back its writes), then retires the voice in the cache (its entries go) and removes the
+folder; start-up removes a leftover trash folder and the cache entries of its voice. The model work (HuBERT, VQ, ge,
+phones, BERT) is the caller's: it passes the finished
 :class:`~engines.base.VoicePrompt` in.
 """
 
@@ -19,6 +20,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -44,6 +46,7 @@ OLD_PREFIX = ".old-"  # the previous version during a replace (".old-<id>-<uuid>
 TRASH_PREFIX = ".trash-"  # a voice being deleted (".trash-<id>-<uuid>")
 NAME_RE = re.compile(r"[\w -]{1,32}")  # letters, digits, underscore, space, hyphen; 1-32 characters
 _ID_RE = re.compile(r"[0-9a-f]{32}")
+MTIME_SLACK_NS = 50_000_000  # a folder changed less than this long ago may change again unseen (coarse mtimes)
 
 
 class VoiceError(SpeechError):
@@ -92,7 +95,13 @@ class VoiceStore:
         self.cache = cache
         self._lock = threading.RLock()  # name uniqueness check + rename are one step
         self._loaded: dict[str, tuple[tuple[int, int], Voice]] = {}  # id -> (folder stat key, voice)
+        # every meta.json, read again only when the root folder changed (a voice created, replaced or deleted,
+        # by this process or another: each is a rename in the root, which moves its mtime)
+        self._metas_at: int | None = None
+        self._metas_cache: list[dict[str, Any]] = []
         self.root.mkdir(parents=True, exist_ok=True)
+        if cache is not None:
+            cache.bind_voices(self._exists)
         self._recover()
 
     # --- writing ------------------------------------------------------------------------------------------------
@@ -109,6 +118,7 @@ class VoiceStore:
         model_id: str,
         consent: Consent | Mapping[str, Any],
         enrollment_prompt: str | None = None,
+        voice_id: str | None = None,
     ) -> Voice:
         """Store a new voice (version 1) and return it.
 
@@ -125,14 +135,21 @@ class VoiceStore:
             ``statement``) and optionally ``at`` (ISO string or epoch seconds) plus any JSON-serialisable extras,
             which are kept.
         enrollment_prompt: the sentence the bot asked the user to read, if any.
+        voice_id: the id to store it under (32 hex digits, not in use), when the caller reserved one first (see
+            ``bot.voice_service``); a new one when None.
         """
         check_name(name)
+        if voice_id is not None and not _ID_RE.fullmatch(voice_id):
+            raise VoiceError(f"a voice id is 32 lowercase hex digits, got {voice_id!r}")
         consent_record = _consent_dict(consent)
         _check_language(language)
         with self._lock:
             if self._find_meta(name, owner_id) is not None:
                 raise VoiceError(f"you already have a voice named {name!r}; pick another name or replace that voice")
-            voice_id = uuid.uuid4().hex
+            if voice_id is None:
+                voice_id = uuid.uuid4().hex
+            elif (self.root / voice_id).exists():
+                raise VoiceError(f"a voice with id {voice_id} exists already")
             now = _now()
             meta = {
                 "schema": META_SCHEMA,
@@ -199,21 +216,22 @@ class VoiceStore:
         return self.get(voice_id)
 
     def delete(self, voice_id: str) -> Removed:
-        """Delete a voice: every cache entry, then its folder (every file). Returns what was removed.
+        """Delete a voice: its folder (every file) and every cache entry. Returns what was removed.
 
-        The cache goes first, and refuses the voice's writes from then on: a crash after it leaves the voice
-        whole (with a cold cache); a crash after the rename leaves a trash folder that start-up removes together
-        with any cache entry of the voice.
+        The folder is renamed out of sight first: from then on the voice is gone for every process, and a cache
+        bound to this store (in any process) takes back an entry of it written later. Then its cache entries go,
+        then its bytes. A crash after the rename leaves a trash folder that start-up removes together with every
+        cache entry of the voice; a crash before it leaves the voice whole.
         """
         with self._lock:
             meta = self.meta(voice_id)
             live = self.root / voice_id
             files = sorted(p.name for p in live.iterdir())
             size = sum(p.stat().st_size for p in live.iterdir())
-            entries = self.cache.retire_voice(voice_id) if self.cache is not None else 0
             trash = self.root / f"{TRASH_PREFIX}{voice_id}-{uuid.uuid4().hex}"
-            os.rename(live, trash)  # invisible at once; the bytes go next (or at the next start-up)
+            os.rename(live, trash)  # invisible at once; the entries and the bytes go next (or at the next start-up)
             _fsync_dir(self.root)
+            entries = self.cache.retire_voice(voice_id) if self.cache is not None else 0
             shutil.rmtree(trash)
             self._loaded.pop(voice_id, None)
         log.info("voice %s (%r) deleted: %d files, %d bytes, %d cache entries", voice_id, meta["name"], len(files),
@@ -302,6 +320,10 @@ class VoiceStore:
 
     # --- internals ----------------------------------------------------------------------------------------------
 
+    def _exists(self, voice_id: str) -> bool:
+        """Is this voice in the store? (Ids of another shape are not the store's to answer for: True.)"""
+        return not _ID_RE.fullmatch(voice_id) or (self.root / voice_id).is_dir()
+
     def _build(self, meta: dict[str, Any], prompt: VoicePrompt, clip32k: np.ndarray) -> Path:
         """Write a complete voice folder under a temporary name; remove it again if anything fails."""
         tmp = self.root / f"{TMP_PREFIX}{uuid.uuid4().hex}"
@@ -323,15 +345,23 @@ class VoiceStore:
         return self.root / voice_id
 
     def _metas(self) -> list[dict[str, Any]]:
-        """meta.json of every visible voice."""
-        out: list[dict[str, Any]] = []
-        for folder in self.root.iterdir():
-            if _ID_RE.fullmatch(folder.name) and folder.is_dir():
-                try:
-                    out.append(json.loads((folder / META_FILE).read_text(encoding="utf-8")))
-                except FileNotFoundError:  # deleted meanwhile
-                    continue
-        return out
+        """meta.json of every visible voice (read from disk only when the root folder changed since last time)."""
+        with self._lock:
+            stamp = self.root.stat().st_mtime_ns
+            if stamp == self._metas_at:
+                return self._metas_cache
+            out: list[dict[str, Any]] = []
+            for folder in self.root.iterdir():
+                if _ID_RE.fullmatch(folder.name) and folder.is_dir():
+                    try:
+                        out.append(json.loads((folder / META_FILE).read_text(encoding="utf-8")))
+                    except FileNotFoundError:  # deleted meanwhile
+                        continue
+            # a change within the clock's resolution of this read would look unchanged next time: keep it only
+            # when the folder is older than that
+            self._metas_at = stamp if time.time_ns() - stamp > MTIME_SLACK_NS else None
+            self._metas_cache = out
+            return out
 
     def _find_meta(self, name: str, owner_id: int) -> dict[str, Any] | None:
         """An existing voice of this owner with this name (case-insensitive)."""

@@ -28,12 +28,13 @@ class FakeVoices:
 
     def __init__(self, voices: Iterable[Voice] = (), root: Path | None = None) -> None:
         self.root = root
+        self.cache = None  # no synthesis cache behind it
         self.by_id: dict[str, Voice] = {}
         for v in voices:
             self._put(v)
 
-    def add(self, name: str, owner_id: int = 0) -> Voice:
-        return self._put(make_voice(name, owner_id, voice_id=f"v{len(self.by_id) + 1:03d}"))
+    def add(self, name: str, owner_id: int = 0, voice_id: str | None = None) -> Voice:
+        return self._put(make_voice(name, owner_id, voice_id=voice_id or f"v{len(self.by_id) + 1:03d}"))
 
     def get(self, voice_id: str) -> Voice:
         try:

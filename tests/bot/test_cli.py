@@ -183,20 +183,31 @@ def test_a_wrong_or_unreachable_token_is_one_line(tiny_models: Path, tmp_path: P
 
 
 def test_voices_delete_removes_the_database_rows_that_name_the_voice(tiny_models: Path, tmp_path: Path):
+    """Also with a bot running beside it (issue 16, 5): its cache, open in another process, keeps nothing after."""
     import asyncio
 
+    import numpy as np
+
     from bot.store import Store
+    from synthesis.cache import SynthesisCache
     from synthesis.voices import VoiceStore
-    from tests.synthesis.test_voices import create
+    from tests.synthesis.test_voices import SAMPLING, create
 
     cfg = _config(tiny_models, tmp_path)
+    from bot.config import load_config
+
+    config = load_config(cfg)
     voice = create(VoiceStore(tmp_path / "voices"), "Alice")
     database = tmp_path / "voicebot.sqlite3"  # discord.database, relative to the config file
     words = "I-AGREE-TO-BE-CLONED-5c1e"
+    running = SynthesisCache(config.cache.dir, 1 << 22, 1 << 22)  # the bot's, open throughout...
+    VoiceStore(tmp_path / "voices", cache=running)  # ...and bound to its voice store, as build_synthesizer does
+    key = running.prosody_key("model-a", voice.id, 1, "in flight", "en", SAMPLING)
+    running.put_tokens(key, np.arange(20), voice.id)
 
     async def fill() -> None:
         async with Store(database) as store:
-            await store.record_consent(voice.id, 42, words)
+            await store.set_nickname(1, 42, words)
             await store.share_voice(voice.id, 1, 42)
             await store.set_user_setting(7, "voice", voice.id)
             await store.set_guild_setting(1, "default_voice", voice.id)
@@ -204,13 +215,18 @@ def test_voices_delete_removes_the_database_rows_that_name_the_voice(tiny_models
     asyncio.run(fill())
     r = _cli("--config", str(cfg), "voices", "delete", "Alice")
     assert r.returncode == 0, r.stderr
-    assert "4 database row(s)" in r.stdout
+    assert "3 database row(s)" in r.stdout
     conn = sqlite3.connect(database)
     try:
-        for table in ("consent", "voice_shares", "user_settings", "guild_settings"):
+        for table in ("voice_shares", "user_settings", "guild_settings", "voice_journal"):
             assert conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone() == (0,), table
     finally:
         conn.close()
     blob = b"".join(p.read_bytes() for p in tmp_path.glob("voicebot.sqlite3*"))
-    assert words.encode() not in blob and voice.id.encode() not in blob
+    assert voice.id.encode() not in blob and words.encode() in blob  # the voice's rows went, nothing else
+    # the running bot's request that was in flight finishes: its writes for the voice are refused, and the
+    # entry it had written before the delete is gone
+    running.put_tokens(running.prosody_key("model-a", voice.id, 1, "late", "en", SAMPLING), np.arange(20), voice.id)
+    assert running.stats()["prosody"]["entries"] == 0 and running.is_retired(voice.id)
+    running.close()
     assert not any((tmp_path / "voices").iterdir())

@@ -90,7 +90,7 @@ async def env(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory):
     reference_synth = build_synthesizer(_config(tiny_models, data, "reference-cache"))
     voices = {}
     for name, (f0, seed) in VOICES.items():
-        voices[name], _ = await server_synth.create_voice(
+        voices[name], _ = await server_synth.voicing.create(
             name, speech_like_wav(4.0, f0, seed), f"{name}.wav", transcript="Hello, this is my voice.",
             language="en", consent=CONSENT)
     runner = await start_server(Services(config, server_synth), "127.0.0.1", 0)

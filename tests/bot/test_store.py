@@ -36,12 +36,13 @@ async def store(tmp_path: Path):
 
 
 async def test_new_database_is_wal_and_current(store: Store, tmp_path: Path) -> None:
-    assert await store.schema_version() == SCHEMA_VERSION == 2
+    assert await store.schema_version() == SCHEMA_VERSION == 3
     conn = sqlite3.connect(tmp_path / "db" / "voicebot.sqlite3")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"schema_version", "guild_settings", "user_settings", "nicknames", "voice_shares", "guild_voices",
-            "consent", "guild_phrases", "queue_journal"} <= tables
+            "guild_phrases", "queue_journal", "voice_journal"} <= tables
+    assert "consent" not in tables  # consent is kept once, in the voice's own meta.json
     conn.close()
 
 
@@ -52,10 +53,13 @@ async def test_v1_database_migrates_and_keeps_its_data(tmp_path: Path) -> None:
     conn.execute("INSERT INTO user_settings (user_id, key, value) VALUES (?, 'speed', '1.5')", (ALICE,))
     conn.execute("INSERT INTO voice_shares (voice_id, guild_id) VALUES ('v1', ?)", (G1,))
     conn.execute("INSERT INTO guild_settings (guild_id, key, value) VALUES (?, 'repeat_cap', '5')", (G1,))
+    conn.execute("INSERT INTO consent (voice_id, user_id, text, at) VALUES ('v1', ?, 'mine', 1.0)", (ALICE,))
     conn.close()
 
     async with Store(path) as s:
-        assert await s.schema_version() == 2
+        assert await s.schema_version() == 3
+        assert await s._read("SELECT name FROM sqlite_master WHERE name = 'consent'") == []  # v3: kept once, elsewhere
+        assert await s.voice_journal() == []
         assert (await s.user_settings(ALICE))["speed"] == 1.5  # moved into the global (guild 0) rows
         assert (await s.user_settings(ALICE, G1))["speed"] == 1.5
         assert await s.shared_voices(G1) == ["v1"]
@@ -205,9 +209,6 @@ async def test_shares_guild_voices_consent_phrases(store: Store) -> None:
     assert await store.add_guild_voice(G1, "srv", BOB) is True
     assert await store.guild_voices(G1) == ["srv"]
 
-    rec = await store.record_consent("v1", ALICE, "This is my own voice", at=1700000000.0)
-    assert (await store.consents("v1")) == [rec]
-
     assert await store.add_phrase(G1, "  Good   game!  ") is True
     assert await store.add_phrase(G1, "Good game!") is False
     assert await store.phrases(G1) == ["Good game!"]
@@ -247,7 +248,6 @@ async def test_forget_user_removes_every_row(store: Store) -> None:
     await store.share_voice("alice-v", G1, ALICE)
     await store.share_voice("alice-v", G2, ALICE)
     await store.add_guild_voice(G1, "alice-srv", ALICE)
-    await store.record_consent("alice-v", ALICE, "mine", at=1.0)
     await store.set_guild_setting(G2, "default_voice", "alice-v")
     await store.set_bot_voice(G1, HELPER_BOT, "alice-v")
     await store.write_journal([JournalEntry(G1, ALICE, "hi", 1.0), JournalEntry(G1, BOB, "yo", 2.0)])
@@ -260,14 +260,13 @@ async def test_forget_user_removes_every_row(store: Store) -> None:
     assert counts["nicknames"] == 2
     assert counts["voice_shares"] == 2
     assert counts["guild_voices"] == 1
-    assert counts["consent"] == 1
     assert counts["queue_journal"] == 1
     assert counts["guild_settings"] == 2  # G2's default_voice, G1's bot_voices entry
 
     dump = await store._read(
         "SELECT 'us', user_id, value FROM user_settings UNION ALL SELECT 'n', user_id, nickname FROM nicknames "
         "UNION ALL SELECT 'vs', shared_by, voice_id FROM voice_shares UNION ALL SELECT 'gv', added_by, voice_id "
-        "FROM guild_voices UNION ALL SELECT 'c', user_id, voice_id FROM consent UNION ALL SELECT 'j', author_id, "
+        "FROM guild_voices UNION ALL SELECT 'j', author_id, "
         "summary FROM queue_journal UNION ALL SELECT 'gs', guild_id, value FROM guild_settings"
     )
     text = json.dumps(dump)
@@ -279,11 +278,10 @@ async def test_forget_user_removes_every_row(store: Store) -> None:
 async def test_forget_voice(store: Store) -> None:
     await store.share_voice("gone", G1, ALICE)
     await store.add_guild_voice(G2, "gone", BOB)
-    await store.record_consent("gone", ALICE, "ok", at=1.0)
     await store.set_guild_setting(G1, "default_voice", "gone")
     await store.set_user_setting(BOB, "voice", "gone", guild_id=G1)
     counts = await store.forget_voice("gone")
-    assert counts == {"voice_shares": 1, "guild_voices": 1, "consent": 1, "guild_settings": 1, "user_settings": 1}
+    assert counts == {"voice_shares": 1, "guild_voices": 1, "guild_settings": 1, "user_settings": 1}
     assert await store.get_guild_setting(G1, "default_voice") is None
 
 
@@ -311,18 +309,47 @@ async def test_corrupt_stored_value_falls_back_to_default(store: Store) -> None:
 
 @pytest.mark.parametrize("how", ["voice", "user"])
 async def test_deleted_rows_leave_no_bytes_in_the_database_or_its_wal(store: Store, tmp_path: Path, how: str) -> None:
-    """Issue 16, 5: after a delete or /forget-me the consent words are in neither the database nor the WAL."""
-    words = "I-AGREE-THAT-THIS-BOT-SPEAKS-IN-MY-VOICE-7f3a"
+    """Issue 16, 5: after a delete or /forget-me the rows are in neither the database nor the WAL."""
+    words = "AGREE-7f3a-SPEAKS-MY-VOICE"
     voice_id = "ab" * 16
-    await store.record_consent(voice_id, ALICE, words)
+    await store.set_nickname(G1, ALICE, words)
     await store.share_voice(voice_id, G1, ALICE)
     await store.set_user_setting(BOB, "voice", voice_id, guild_id=G1)
     files = lambda: b"".join(p.read_bytes() for p in (tmp_path / "db").glob("voicebot.sqlite3*"))  # noqa: E731
     assert words.encode() in files() and voice_id.encode() in files()  # (the test can see the rows)
     if how == "voice":
         await store.forget_voice(voice_id)
+        assert voice_id.encode() not in files()
     else:
         await store.forget_user(ALICE, [voice_id])
-    assert words.encode() not in files() and voice_id.encode() not in files()
+        assert words.encode() not in files() and voice_id.encode() not in files()
     assert (tmp_path / "db" / "voicebot.sqlite3-wal").stat().st_size == 0  # checkpointed and truncated
-    assert await store.consents(voice_id) == []
+
+
+async def test_voice_journal_commits_a_creation_in_one_step(store: Store) -> None:
+    vid = "cd" * 16
+    await store.begin_voice_create(vid)
+    assert await store.voice_journal() == [(vid, "create")]
+    assert await store.commit_voice(vid, ALICE, guild_id=G1) is True  # Alice had no voice: it is hers now
+    assert await store.voice_journal() == [] and (await store.user_settings(ALICE))["voice"] == vid
+    other = "ef" * 16
+    await store.begin_voice_create(other)
+    assert await store.commit_voice(other, ALICE, guild_id=G1) is False  # she has one: it stays
+    assert (await store.user_settings(ALICE))["voice"] == vid
+    server = "12" * 16
+    await store.begin_voice_create(server)
+    assert await store.commit_voice(server, BOB, guild_id=G2, server=True) is False
+    assert await store.guild_voices(G2) == [server] and (await store.user_settings(BOB))["voice"] is None
+
+
+async def test_voice_journal_deletes_rows_first_and_remembers_until_the_end(store: Store) -> None:
+    vid = "cd" * 16
+    await store.share_voice(vid, G1, ALICE)
+    await store.set_user_setting(BOB, "voice", vid)
+    await store.set_nickname(G1, ALICE, "Al")
+    counts = await store.begin_voice_delete([vid], user_id=ALICE)
+    assert counts["voice_shares"] == 1 and counts["user_settings"] == 1 and counts["nicknames"] == 1
+    assert await store.voice_journal() == [(vid, "delete")]  # until the files are gone too
+    assert await store.shared_voices(G1) == [] and (await store.user_settings(BOB))["voice"] is None
+    await store.end_voice([vid])
+    assert await store.voice_journal() == []

@@ -25,6 +25,7 @@ from discord.webhook import async_ as webhook_async
 import discord
 from bot.config import config_from_dict
 from engines.base import SAMPLE_RATE
+from synthesis import VoiceNotFound
 from synthesis.types import AudioChunk, Voice
 from tests.fake_voices import FakeVoices
 
@@ -157,19 +158,18 @@ class RecordingAdapter(webhook_async.AsyncWebhookAdapter):
 
 # ---- fakes (Discord-layer tests only) -----------------------------------------------------------------------------
 
-class FakeSynthesizer:
-    """Records create/delete/precompute; streams a sine per voice (frequency from the voice id)."""
+class FakeVoicing:
+    """Records create/delete/precompute (the fake synthesizer's ``voicing``)."""
 
-    def __init__(self) -> None:
-        self.voices = FakeVoices()
+    def __init__(self, voices: "FakeVoices") -> None:
+        self.voices = voices
         self.created: list[dict[str, Any]] = []
         self.deleted: list[str] = []
         self.precomputed: list[tuple[str, tuple[str, ...]]] = []
-        self.streamed: list[tuple[str, str]] = []
         self.fail_with: Exception | None = None
 
-    async def create_voice(self, name, data, filename="", *, owner_id=0, transcript=None, language="auto",
-                           consent=None, enrollment_prompt=None, progress=None, phrases=()):
+    async def create(self, name, data, filename="", *, owner_id=0, transcript=None, language="auto",
+                     consent=None, enrollment_prompt=None, progress=None, phrases=(), voice_id=None):
         self.created.append(dict(name=name, data=data, filename=filename, owner_id=owner_id, transcript=transcript,
                                  language=language, consent=consent, enrollment_prompt=enrollment_prompt))
         if self.fail_with is not None:
@@ -178,10 +178,11 @@ class FakeSynthesizer:
             if progress:
                 progress(stage, frac)
             await asyncio.sleep(0)
-        return self.voices.add(name, owner_id), ["the clip is a little quiet"]
+        return self.voices.add(name, owner_id, voice_id), ["the clip is a little quiet"]
 
-    async def delete_voice(self, voice_id: str) -> None:
-        self.voices.by_id.pop(voice_id)
+    async def delete(self, voice_id: str) -> None:
+        if self.voices.by_id.pop(voice_id, None) is None:
+            raise VoiceNotFound(f"no voice with id {voice_id!r}")
         self.deleted.append(voice_id)
 
     def precompute(self, voice, phrases, progress=None, params=None) -> asyncio.Task[int]:
@@ -197,10 +198,24 @@ class FakeSynthesizer:
 
         return asyncio.create_task(run())
 
+
+class FakeSynthesizer:
+    """Streams a sine per voice (frequency from the voice id); its ``voicing`` records create/delete/precompute."""
+
+    def __init__(self) -> None:
+        self.voices = FakeVoices()
+        self.voicing = FakeVoicing(self.voices)
+        self.streamed: list[tuple[str, str]] = []
+
+    # what the voicing recorded, read where the tests read it
+    created = property(lambda self: self.voicing.created)
+    deleted = property(lambda self: self.voicing.deleted)
+    precomputed = property(lambda self: self.voicing.precomputed)
+
     async def stream(self, text, voice, params=None, *, deadline=None) -> AsyncIterator[AudioChunk]:
         v = voice if isinstance(voice, Voice) else self.voices.get(voice)
         self.streamed.append((text if isinstance(text, str) else "<stream>", v.id))
-        freq = 200.0 + 10 * (int(v.id[1:]) % 50)
+        freq = 200.0 + 10 * (int(v.id[1:], 16) % 50)
         t = np.arange(int(0.5 * SAMPLE_RATE)) / SAMPLE_RATE
         for i, sentence in enumerate(s for s in str(text).split(".") if s.strip()):
             yield AudioChunk((0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), sentence, i)
@@ -489,6 +504,7 @@ async def harness(config, tmp_path):
     """The bot with every cog loaded against a fresh SQLite store, fake synthesizer and speech."""
     from bot.client import VoiceBot
     from bot.store import Store
+    from bot.voice_service import VoiceService
     from cogs import EXTENSIONS
 
     store = Store(tmp_path / "bot.sqlite3")
@@ -496,7 +512,8 @@ async def harness(config, tmp_path):
     # the fields of bot.services.Services (not imported: it builds the real engine stack)
     synthesizer = FakeSynthesizer()
     services = SimpleNamespace(config=config, synthesizer=synthesizer, store=store,
-                               speech=FakeSpeech(synthesizer, store))
+                               speech=FakeSpeech(synthesizer, store),
+                               voices=VoiceService(store, synthesizer, phrases=config.phrases))
     bot = VoiceBot(services, extensions=EXTENSIONS, sync_commands=False)
     await bot._async_setup_hook()
     state = bot._connection

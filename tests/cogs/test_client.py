@@ -79,12 +79,14 @@ def restore_discord_globals(monkeypatch):
 
 async def _services(tmp_path, **discord_cfg):
     from bot.store import Store
+    from bot.voice_service import VoiceService
 
     config = config_from_dict({"discord": {"database": "bot.sqlite3", **discord_cfg}}, base_dir=tmp_path)
     store = Store(config.discord.database)
     await store.open()
     synthesizer = FakeSynthesizer()
-    return SimpleNamespace(config=config, synthesizer=synthesizer, store=store, speech=FakeSpeech(synthesizer, store))
+    return SimpleNamespace(config=config, synthesizer=synthesizer, store=store, speech=FakeSpeech(synthesizer, store),
+                           voices=VoiceService(store, synthesizer, phrases=config.phrases))
 
 
 async def test_login_trusts_the_ca_and_syncs_every_command(rest, tmp_path, restore_discord_globals):

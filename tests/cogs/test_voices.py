@@ -64,8 +64,7 @@ async def test_clone_asks_consent_before_download_and_create(harness):
     assert call["name"] == "Alice" and call["consent"]["user_id"] == ALICE
     assert call["consent"]["statement"] == cogs.voices.consent_statement(False)
     voice = h.services.synthesizer.voices.find("Alice")
-    assert [(c.user_id, c.text) for c in await h.services.store.consents(voice.id)] == [
-        (ALICE, cogs.voices.consent_statement(False))]
+    assert await h.services.store.voice_journal() == []  # the creation committed, in one step
     assert (await h.services.store.user_settings(ALICE))["voice"] == voice.id  # her first voice is her voice
     assert h.services.synthesizer.precomputed == [(voice.id, ("Hello!", "Good night."))]
     await settle_background(h)
@@ -149,7 +148,7 @@ async def test_enroll_sentence_becomes_the_prompt(harness):
 
 async def test_bad_clip_is_explained(harness):
     h = harness
-    h.services.synthesizer.fail_with = AudioInputError("the clip has only 1.2 s of speech; record 3-10 s")
+    h.services.synthesizer.voicing.fail_with = AudioInputError("the clip has only 1.2 s of speech; record 3-10 s")
     token, _ = await clone(h, ALICE)
     assert h.adapter.original_content(token) == "The clip has only 1.2 s of speech; record 3-10 s"
     assert h.services.synthesizer.voices.list() == []
@@ -205,13 +204,12 @@ async def test_delete_confirmed_removes_everything(harness):
     own = voices.add("alto", ALICE)
     await store.share_voice(own.id, GUILD_ID, ALICE)
     await store.set_user_setting(ALICE, "voice", own.id)
-    await store.record_consent(own.id, ALICE, "yes")
     token, task = h.start_slash("voice delete", ALICE, name="alto")
     await h.wait_for(lambda: token in h.adapter.original)
     await h.click(token, "Delete it")
     await asyncio.wait_for(task, 3)
     assert h.services.synthesizer.deleted == [own.id]
-    assert await store.shared_voices(GUILD_ID) == [] and await store.consents(own.id) == []
+    assert await store.shared_voices(GUILD_ID) == [] and await store.voice_journal() == []
     assert (await store.user_settings(ALICE))["voice"] is None
     assert "is deleted" in h.adapter.original_content(token)
 

@@ -197,10 +197,10 @@ def real_synthesizer(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory
 
     async def warm_up() -> None:
         # the first request loads the G2P and tokenizer data; keep that out of every timing below
-        voice, _ = await synth.create_voice("warm-up", speech_like_wav(4.0, 180.0, 9), "warm-up.wav", owner_id=1,
+        voice, _ = await synth.voicing.create("warm-up", speech_like_wav(4.0, 180.0, 9), "warm-up.wav", owner_id=1,
                                             consent={"user_id": 1, "text": "test fixture"})
         await synth.synthesize(WARMUP_TEXT, voice)
-        await synth.delete_voice(voice.id)
+        await synth.voicing.delete(voice.id)
 
     asyncio.run(warm_up())
     yield synth
@@ -249,7 +249,7 @@ class BotEnv:
     async def add_voice(self, owner_id: int, name: str, f0: float, seed: int = 0) -> Voice:
         """Store a voice for ``owner_id`` from 4 s of synthetic speech at pitch ``f0`` (setup, not under test)."""
         clip = speech_like_wav(4.0, f0, seed)
-        voice, _ = await self.synth.real.create_voice(
+        voice, _ = await self.synth.real.voicing.create(
             name, clip, f"{name}.wav", owner_id=owner_id, consent={"user_id": owner_id, "text": "test fixture"}
         )
         return voice

@@ -181,8 +181,9 @@ async def test_voice_clone_needs_consent_and_refuses_bad_files(env: BotEnv) -> N
     assert done.content.startswith("**Alice Voice** is ready as your voice."), done.content
     [voice] = voices.list(owner_id=lay.admin_id)
     assert voice.name == "Alice Voice"
-    [record] = await env.store.consents(voice.id)
-    assert record.user_id == lay.admin_id and record.text.startswith("I confirm this recording is my own voice")
+    record = await env.services.voices.consent(voice.id)  # kept once, with the voice
+    assert record["user_id"] == lay.admin_id and record["text"].startswith("I confirm this recording is my own voice")
+    assert await env.store.voice_journal() == []  # its creation committed
     assert (await env.store.user_settings(lay.admin_id, lay.guild_id))["voice"] == voice.id
 
 

@@ -32,8 +32,8 @@ def load_threads(monkeypatch):
 async def test_first_chinese_text_loads_bert_off_the_device_thread(tiny_config, load_threads):
     synth = build_synthesizer(tiny_config)
     try:
-        voice, _ = await synth.create_voice("alice", speech_like_wav(), "alice.wav", transcript="Hello, my voice.",
-                                            language="en", consent=CONSENT)
+        voice, _ = await synth.voicing.create("alice", speech_like_wav(), "alice.wav", transcript="Hello, my voice.",
+                                              language="en", consent=CONSENT)
         assert load_threads == []  # English needs no BERT
         params = SynthesisParams(language="zh", seed=7)
         chunks = [c async for c in synth.stream("你好，今天天气很好。", voice, params)]

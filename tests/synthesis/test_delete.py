@@ -39,13 +39,13 @@ def _open(tmp_path: Path) -> tuple[SynthesisCache, VoiceStore]:
     return cache, VoiceStore(tmp_path / "voices", cache=cache)
 
 
-def test_a_kill_right_after_the_cache_went_keeps_the_voice_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_kill_before_the_rename_keeps_the_voice_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     cache, store = _open(tmp_path)
     v = create(store)
     _fill(cache, v.id)
     real_rename = os.rename
 
-    def killed(src, dst):  # the process dies at the folder's rename, after the cache entries were removed
+    def killed(src, dst):  # the process dies at the folder's rename, the first step of the delete
         if TRASH_PREFIX in str(dst):
             raise KeyboardInterrupt("killed")
         return real_rename(src, dst)
@@ -56,11 +56,67 @@ def test_a_kill_right_after_the_cache_went_keeps_the_voice_whole(tmp_path: Path,
     monkeypatch.undo()
     cache.close()
     cache, store = _open(tmp_path)  # the restart
-    assert _entries(cache) == 0  # nothing derived from it survived the kill
-    assert [x.id for x in store.list()] == [v.id]  # and the voice itself is whole: the user can delete again
+    assert [x.id for x in store.list()] == [v.id]  # the voice is whole, its cache too: the user can delete again
+    assert _entries(cache) == 6
     store.delete(v.id)
-    assert files_under(tmp_path / "voices") == []
+    assert files_under(tmp_path / "voices") == [] and _entries(cache) == 0
     cache.close()
+
+
+def test_a_kill_between_the_rename_and_the_cache_is_finished_at_start_up(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    cache, store = _open(tmp_path)
+    v = create(store)
+    _fill(cache, v.id)
+
+    def killed(voice_id):  # the folder is out of sight, its cache entries not yet removed
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(cache, "retire_voice", killed)
+    with pytest.raises(KeyboardInterrupt):
+        store.delete(v.id)
+    monkeypatch.undo()
+    _fill(cache, v.id)  # a request in flight finishes meanwhile: its writes are taken back (no folder)
+    assert _entries(cache) == 6
+    cache.close()
+    cache, store = _open(tmp_path)  # the restart finishes the delete
+    assert store.list() == [] and files_under(tmp_path / "voices") == [] and _entries(cache) == 0
+    cache.close()
+
+
+def test_a_delete_by_another_process_is_seen_by_this_ones_cache(tmp_path: Path):
+    """Issue 16, 5: the writer of one process and the delete of another, in either order, leave no entry."""
+    cache, store = _open(tmp_path)
+    v = create(store)
+    other_cache, other_store = _open(tmp_path)  # another process: its own objects over the same folders
+    k = cache.prosody_key("model-a", v.id, 1, "in flight", "en", SAMPLING)
+    cache.put_tokens(k, np.arange(20), v.id)  # written before the delete
+    other_store.delete(v.id)
+    assert _entries(cache) == 0
+    _fill(cache, v.id)  # written after it, by the process that did not delete
+    assert _entries(cache) == 0 and cache.is_retired(v.id)
+    cache.close()
+    other_cache.close()
+
+
+def test_an_entry_written_while_another_process_deletes_is_taken_back(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    """The race itself: the writer checked the voice before the delete and stores after its removal."""
+    cache, store = _open(tmp_path)
+    v = create(store)
+    other_cache, other_store = _open(tmp_path)
+    real_set = cache._prosody.set
+
+    def delete_then_set(key, value, **kw):  # the other process deletes between the check and the write
+        other_store.delete(v.id)
+        return real_set(key, value, **kw)
+
+    monkeypatch.setattr(cache._prosody, "set", delete_then_set)
+    cache.put_tokens(cache.prosody_key("model-a", v.id, 1, "racing", "en", SAMPLING), np.arange(20), v.id)
+    monkeypatch.undo()
+    assert _entries(cache) == 0
+    cache.close()
+    other_cache.close()
 
 
 def test_a_kill_after_the_rename_is_finished_at_start_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -136,7 +192,7 @@ async def synth(tiny_config):
 
 
 async def _voice(synth):
-    v, _ = await synth.create_voice("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
+    v, _ = await synth.voicing.create("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
                                     language="en", consent=CONSENT)
     return v
 
@@ -147,7 +203,7 @@ async def test_a_request_in_flight_during_the_delete_writes_nothing_after_it(syn
     stream = synth.stream(text, voice, SynthesisParams(language="en", seed=5))
     async with asyncio.timeout(HANG_GUARD_S):
         await anext(stream)  # the request is under way, its later sentences in flight
-        await synth.delete_voice(voice.id)
+        await synth.voicing.delete(voice.id)
         rest = [c async for c in stream]  # it runs to its end with the voice it holds
     assert rest  # (it was really in flight)
     assert _entries(synth.cache) == 0
@@ -158,12 +214,12 @@ async def test_forget_me_during_a_precompute_leaves_no_entry(synth):
     voice = await _voice(synth)
     phrases = [f"Precomputed phrase number {i} for the voice." for i in range(12)]
     progress: list[float] = []
-    task = synth.precompute(voice, phrases, progress=lambda stage, frac: progress.append(frac))
+    task = synth.voicing.precompute(voice, phrases, progress=lambda stage, frac: progress.append(frac))
     async with asyncio.timeout(HANG_GUARD_S):
         while not progress:  # under way, with entries already written
             await asyncio.sleep(0.01)
         assert _entries(synth.cache) > 0
-        await synth.delete_voice(voice.id)
+        await synth.voicing.delete(voice.id)
         await asyncio.gather(task, return_exceptions=True)
         while synth.worker.queue_depth:  # whatever the worker still held has ended
             await asyncio.sleep(0.01)

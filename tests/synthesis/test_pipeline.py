@@ -76,7 +76,7 @@ async def spied(tiny_config, monkeypatch):
 
 @pytest.fixture
 async def voice(synth):
-    v, _ = await synth.create_voice("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
+    v, _ = await synth.voicing.create("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
                                     language="en", consent=CONSENT)
     return v
 
@@ -155,7 +155,7 @@ async def test_seeded_runs_are_deterministic(synth, fresh_synth, voice):
 
 async def test_prosody_hit_skips_the_gpt_and_is_bit_identical(spied, fresh_synth):
     synth = spied
-    voice, _ = await synth.create_voice("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
+    voice, _ = await synth.voicing.create("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
                                         language="en", consent=CONSENT)
     text = "Good morning everyone."
     faster = dataclasses.replace(SEEDED, speed=1.1)  # speed is in the audio key, not in the prosody key
@@ -182,16 +182,16 @@ async def test_voice_delete_leaves_nothing(synth, voice, tiny_config):
     before = _files(tiny_config.voices.dir)
     assert before  # the voice's files exist
     await collect(synth, "Something to cache.", voice)
-    key = synth._prosody_key(voice, text_to_phonemes("Something to cache.", "en"), SEEDED)
+    key = synth.stages.prosody_key(voice, text_to_phonemes("Something to cache.", "en"), SEEDED)
     assert synth.cache.get_tokens(key) is not None
-    await synth.delete_voice(voice.id)
+    await synth.voicing.delete(voice.id)
     assert not _files(tiny_config.voices.dir)
     assert synth.cache.get_tokens(key) is None
 
 
 async def test_first_chunk_arrives_before_the_last_sentence_is_computed(spied):
     synth = spied
-    voice, _ = await synth.create_voice("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
+    voice, _ = await synth.voicing.create("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
                                         language="en", consent=CONSENT)
     text = " ".join(f"Sentence number {w} is here." for w in ("one", "two", "three", "four", "five", "six"))
     events = synth.engine.events
@@ -222,7 +222,7 @@ async def test_cancellation_stops_model_work(synth, voice):
 async def test_concurrent_voices_never_mix(synth):
     voices = []
     for i in range(8):
-        v, _ = await synth.create_voice(f"v{i}", speech_like_wav(seed=i, f0=100 + 15 * i), f"v{i}.wav",
+        v, _ = await synth.voicing.create(f"v{i}", speech_like_wav(seed=i, f0=100 + 15 * i), f"v{i}.wav",
                                         transcript="Hello, this is my voice.", language="en",
                                     consent=CONSENT)
         voices.append(v)
@@ -281,7 +281,7 @@ async def test_streamed_text_starts_before_the_text_ends(synth, voice):
 async def test_live_requests_go_before_background_precompute(synth, voice):
     phrases = [f"Precomputed phrase number {i} for the voice." for i in range(12)]
     progress: list[float] = []
-    task = synth.precompute(voice, phrases, progress=lambda stage, frac: progress.append(frac))
+    task = synth.voicing.precompute(voice, phrases, progress=lambda stage, frac: progress.append(frac))
     while not progress:  # the background work is under way
         await asyncio.sleep(0.01)
     live = await collect(synth, "A live request arrives now.", voice)

@@ -35,7 +35,7 @@ async def synth(tiny_config):
 
 @pytest.fixture
 async def voice(synth):
-    v, _ = await synth.create_voice("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
+    v, _ = await synth.voicing.create("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
                                     language="en", consent=CONSENT)
     return v
 
@@ -88,7 +88,7 @@ async def test_a_request_too_long_for_the_gpt_fails_alone_and_ends(synth, voice)
 async def test_an_overlong_reference_transcript_is_refused_at_voice_creation(synth):
     words = " ".join(["hello there my friend"] * 500)  # 2000 words
     with pytest.raises(VoiceError, match="too long for the model"):
-        await synth.create_voice("verbose", speech_like_wav(), "v.wav", transcript=words, language="en",
+        await synth.voicing.create("verbose", speech_like_wav(), "v.wav", transcript=words, language="en",
                                  consent=CONSENT)
     assert synth.voices.list() == []  # nothing was stored
 
@@ -184,8 +184,8 @@ def _on_virtual_time(synth, step_s: float, decode_s: float) -> _VirtualClock:
     """Put a synthesizer (white-box: its engine and clocks) on a virtual clock driven by its engine's work."""
     clock = _VirtualClock()
     timed = _TimedEngine(synth.engine, clock, step_s, decode_s)
-    synth.engine = synth.worker.engine = timed
-    synth.clock = synth.worker.clock = clock
+    synth.worker.engine = timed
+    synth.worker.clock = clock  # the synthesizer reads both through its worker
     return clock
 
 
@@ -270,7 +270,7 @@ async def test_without_reuse_random_a_random_seed_request_is_neither_stored_nor_
     cfg = dataclasses.replace(tiny_config, cache=dataclasses.replace(tiny_config.cache, reuse_random=False))
     s = build_synthesizer(cfg)
     try:
-        v, _ = await s.create_voice("bob", speech_like_wav(), "b.wav", transcript="Hello, this is my voice.",
+        v, _ = await s.voicing.create("bob", speech_like_wav(), "b.wav", transcript="Hello, this is my voice.",
                                     language="en", consent=CONSENT)
         random = SynthesisParams(language="en", seed=-1)
         for _ in range(2):
@@ -279,7 +279,7 @@ async def test_without_reuse_random_a_random_seed_request_is_neither_stored_nor_
             assert kind == "done" and chunks[-1].timings["prosody_hit"] == 0.0
             assert s.worker.gpt_steps > steps  # the GPT ran again: nothing was served from the cache
         assert s.cache.stats()["prosody"]["entries"] == 0 and s.cache.stats()["audio"]["entries"] == 0
-        assert await s.precompute(v, ["Hello there."]) == 0  # a precompute could never be served: skipped
+        assert await s.voicing.precompute(v, ["Hello there."]) == 0  # a precompute could never be served: skipped
         kind, _ = await _outcome(s.stream("Seeded is deterministic.", v, SEEDED))
         again = (await _outcome(s.stream("Seeded is deterministic.", v, SEEDED)))[1]
         assert kind == "done" and again[-1].timings["audio_hit"] == 1.0  # seeded requests are still cached

@@ -48,7 +48,7 @@ def _sv_dim(v2pro_meta: dict, version: str) -> int:
 
 
 async def _create(synth, name: str = "alice"):
-    voice, _ = await synth.create_voice(name, speech_like_wav(), f"{name}.wav", transcript="Hello, this is my voice.",
+    voice, _ = await synth.voicing.create(name, speech_like_wav(), f"{name}.wav", transcript="Hello, this is my voice.",
                                         language="en", consent=CONSENT)
     return voice
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -202,3 +203,27 @@ def test_consent_given_as_a_mapping_keeps_its_fields(tmp_path: Path) -> None:
                      model_id="m", consent={"user_id": 5, "statement": "I agree.", "at": 0.0, "guild_id": 9})
     assert store.meta(v.id)["consent"] == {"user_id": 5, "text": "I agree.", "at": "1970-01-01T00:00:00+00:00",
                                            "guild_id": 9}
+
+
+def test_list_reads_the_metadata_again_only_when_a_voice_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = VoiceStore(tmp_path / "voices")
+    a = create(store, "Alice")
+    reads: list[str] = []
+    real_read = Path.read_text
+
+    def counted(self: Path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.name == "meta.json":
+            reads.append(self.parent.name)
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    os.utime(tmp_path / "voices", ns=(1, 1))  # the folder's last change is long past (mtimes can be coarse)
+    assert [v.name for v in store.list()] == ["Alice"]
+    first = len(reads)
+    assert [v.name for v in store.list()] == ["Alice"] and store.find("alice").id == a.id
+    assert len(reads) == first  # nothing changed: no meta.json read again
+    other = VoiceStore(tmp_path / "voices")  # another process adds a voice
+    create(other, "Bob", owner=7, seed=1)
+    assert [v.name for v in store.list()] == ["Alice", "Bob"]  # seen at once
+    other.delete(a.id)
+    assert [v.name for v in store.list()] == ["Bob"]

@@ -107,8 +107,8 @@ async def soak(seconds: float, every: float, clients: int, trace: bool, models: 
     )
     synth = build_synthesizer(cfg)
     for name, f0 in (("alice", 140.0), ("bob", 230.0)):
-        await synth.create_voice(name, speech_like_wav(4.0, f0, 0), f"{name}.wav", transcript="Hello, this is my voice.",
-                                 language="en", consent={"user_id": 1, "text": "this is my own voice"})
+        await synth.voicing.create(name, speech_like_wav(4.0, f0, 0), f"{name}.wav", transcript="Hello, this is my voice.",
+                                   language="en", consent={"user_id": 1, "text": "this is my own voice"})
     runner = await start_server(Services(cfg, synth), "127.0.0.1", 0)
     url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     counts: dict[str, int] = {}

@@ -1,0 +1,323 @@
+"""A sentence's way through the pipeline, as named stages: ``phonemize -> prosody -> vocode -> finish``.
+
+A sentence is one :class:`SentenceJob`; each stage reads what the ones before it filled in and adds its own part:
+
+* :meth:`Stages.phonemize`: text -> phone ids, the sentence's seed and its cache keys;
+* :meth:`Stages.cached_audio`: the audio cache, looked up first (a hit skips the GPT and SoVITS);
+* :meth:`Stages.prosody`: semantic tokens from the prosody cache, else BERT (zh) + the GPT on the device worker;
+* :meth:`Stages.vocode`: SoVITS on the device worker (optionally with :class:`EarlyAudio`), faded, cached;
+* :func:`finish`: the sentence's :class:`~synthesis.types.AudioChunk`, followed by its pause.
+
+Every model call goes through the :class:`~synthesis.scheduler.DeviceWorker` with the job's priority, order and
+deadline, so the stages themselves never block the event loop and never touch the engine's threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from engines import SAMPLE_RATE, SAMPLES_PER_TOKEN, Engine, SamplingParams, SemanticRequest
+from synthesis.audio import fade_edges, raised_cosine
+from synthesis.cache import SynthesisCache
+from synthesis.metrics import PipelineStats
+from synthesis.scheduler import LIVE, Deadline, DeviceWorker
+from synthesis.text import Phonemes, bert_features, normalize_for_cache, text_to_phonemes
+from synthesis.types import AudioChunk, SynthesisParams, Voice
+
+EARLY_HOLDBACK_TOKENS = 4  # the early chunk's last tokens lack right context: the full decode replaces them
+CROSSFADE_SAMPLES = 640  # 20 ms @ 32 kHz where the early chunk hands over to the full decode
+TokenCallback = Callable[[np.ndarray], None]
+
+
+@dataclass(eq=False)
+class SentenceJob:
+    """One sentence of one request on its way through the stages.
+
+    Attributes
+    ----------
+    text, index: the sentence and its position in the request.
+    voice, params: who speaks it, and how.
+    deadline: how long its model jobs may wait for the worker (None: no bound, for background work).
+    priority, order: the worker's ordering (:data:`~synthesis.scheduler.LIVE` first, then (request, sentence)).
+    ph, seed, prosody_key, audio_key, cached: filled by :meth:`Stages.phonemize`.
+    tokens: ``[Ts]`` int64 semantic tokens, filled by :meth:`Stages.prosody`.
+    audio: ``[N]`` float32 @ 32 kHz, the whole sentence, filled by :meth:`Stages.cached_audio` or
+        :meth:`Stages.vocode`; ``emitted`` of its first samples already went out early.
+    timings: ``gpt_s``, ``sovits_s``, ``prosody_hit``, ``audio_hit`` (what the chunk reports).
+    """
+
+    text: str
+    index: int
+    voice: Voice
+    params: SynthesisParams
+    deadline: Deadline | None = None
+    priority: int = LIVE
+    order: tuple[int, ...] = ()
+    ph: Phonemes | None = None
+    seed: int = 0
+    prosody_key: str = ""
+    audio_key: str = ""
+    cached: bool = False  # may its results be stored and served (the cache's random-seed policy)
+    tokens: np.ndarray | None = None
+    audio: np.ndarray | None = None
+    emitted: int = 0
+    timings: dict[str, float] = field(default_factory=lambda: {"gpt_s": 0.0, "sovits_s": 0.0, "prosody_hit": 0.0,
+                                                               "audio_hit": 0.0})
+
+    @property
+    def phonemes(self) -> Phonemes:
+        assert self.ph is not None, "phonemize runs first"
+        return self.ph
+
+
+class Stages:
+    """The stages, bound to the device worker, the caches and the counters they share.
+
+    Parameters
+    ----------
+    worker: runs every model call (its ``engine`` is the loaded model).
+    cache: the prosody and audio caches.
+    stats: where hits and misses are counted.
+    """
+
+    def __init__(self, worker: DeviceWorker, cache: SynthesisCache, stats: PipelineStats) -> None:
+        self.worker = worker
+        self.cache = cache
+        self.stats = stats
+        self._requests = itertools.count()  # admission order: earlier requests are finished first
+
+    @property
+    def engine(self) -> Engine:
+        return self.worker.engine
+
+    def next_request(self) -> int:
+        """The next request's place in the admission order (its jobs' ``order`` starts with it)."""
+        return next(self._requests)
+
+    # ---- phonemize ---------------------------------------------------------------------------------------------
+
+    async def phonemize(self, job: SentenceJob) -> None:
+        """Text front-end (off the event loop), then the sentence's seed and cache keys."""
+        p = job.params
+        job.ph = await asyncio.to_thread(text_to_phonemes, job.text, p.language)
+        job.seed = sentence_seed(p.seed, job.ph.norm_text)
+        job.prosody_key = self.prosody_key(job.voice, job.ph, p)
+        job.audio_key = self.cache.audio_key(job.prosody_key, p.speed, p.noise_scale,
+                                             p.seed if p.seed != -1 else "any")
+        job.cached = self.cacheable(p)
+
+    def cacheable(self, p: SynthesisParams) -> bool:
+        """May this request's results be stored and served? (``SynthesisCache.cacheable``: the seed policy)."""
+        return self.cache.cacheable({"seed": p.seed, "top_k": p.top_k})
+
+    def prosody_key(self, voice: Voice, ph: Phonemes, p: SynthesisParams) -> str:
+        """The cache key of a sentence's semantic tokens.
+
+        The language part is the languages the front-end actually used for its pieces, not the requested mode,
+        so "auto" and "en" share entries for an English sentence (precomputed phrases hit either way).
+        """
+        sampling = {"top_k": p.top_k, "top_p": p.top_p, "temperature": p.temperature,
+                    "repetition_penalty": p.repetition_penalty,
+                    # a random-seed request takes any earlier sample of the same text (that is what makes
+                    # precomputed common phrases hit); a seeded one only its own
+                    "seed": p.seed if p.seed != -1 else "any"}
+        return self.cache.prosody_key(self.engine.model_id, voice.id, voice.version,
+                                      normalize_for_cache(ph.norm_text),
+                                      "+".join(piece.lang for piece in ph.pieces), sampling)
+
+    # ---- prosody (cache | GPT) ---------------------------------------------------------------------------------
+
+    def cached_audio(self, job: SentenceJob) -> bool:
+        """The vocode stage's cache, looked up before the prosody: True (and ``job.audio`` set) on a hit."""
+        audio = self.cache.get_audio(job.audio_key) if job.cached else None
+        if audio is None:
+            self.stats.counters["audio_miss"] += 1
+            return False
+        job.audio = audio
+        job.timings["audio_hit"] = job.timings["prosody_hit"] = 1.0
+        self.stats.counters["audio_hit"] += 1
+        return True
+
+    async def prosody(self, job: SentenceJob, *, after: asyncio.Event | None = None,
+                      on_tokens: TokenCallback | None = None) -> None:
+        """``job.tokens`` from the prosody cache, else from the GPT (stored for next time).
+
+        ``after``: the GPT waits for it (a request's sentences take the GPT one after another).
+        ``on_tokens``: sees the tokens as they come, all at once on a cache hit (that feeds :class:`EarlyAudio`,
+        so a hit sounds exactly like a miss).
+        """
+        tokens = self.cache.get_tokens(job.prosody_key) if job.cached else None
+        if tokens is not None:
+            job.timings["prosody_hit"] = 1.0
+            self.stats.counters["prosody_hit"] += 1
+            if on_tokens is not None:
+                on_tokens(tokens)
+        else:
+            self.stats.counters["prosody_miss"] += 1
+            if after is not None:
+                await after.wait()
+            tokens, job.timings["gpt_s"] = await self.semantic(job, on_tokens)
+            if job.cached:
+                self.cache.put_tokens(job.prosody_key, tokens, job.voice.id)
+        job.tokens = tokens
+
+    async def semantic(self, job: SentenceJob,
+                       on_tokens: TokenCallback | None = None) -> tuple[np.ndarray, float]:
+        """BERT features (zh only) then the GPT, both on the device worker: (tokens ``[Ts]``, GPT seconds)."""
+        ph, p = job.phonemes, job.params
+        await self.load_bert_for(ph)
+        bert = await self.worker.call(lambda: bert_features(ph, self.engine.text_features),
+                                      priority=job.priority, order=job.order, deadline=job.deadline)
+        sampling = SamplingParams(top_k=p.top_k, top_p=p.top_p, temperature=p.temperature,
+                                  repetition_penalty=p.repetition_penalty, seed=job.seed)
+        request = SemanticRequest(ph.ids, bert, job.voice.prompt, sampling)
+        return await self.worker.semantic(request, priority=job.priority, order=job.order, deadline=job.deadline,
+                                          on_tokens=on_tokens)
+
+    async def load_bert_for(self, ph: Phonemes) -> None:
+        """Load BERT in a helper thread before the first Chinese text needs it: the load takes seconds, and on the
+        single device thread it would stall every other listener's speech meanwhile (issue 14)."""
+        encoders = getattr(self.engine, "encoders", None)  # the engines that use BERT load it lazily there
+        if encoders is not None and any(piece.lang == "zh" for piece in ph.pieces):
+            await asyncio.to_thread(encoders.bert)
+
+    # ---- vocode (cache | SoVITS) -------------------------------------------------------------------------------
+
+    async def decode(self, job: SentenceJob, tokens: np.ndarray, speed: float) -> np.ndarray:
+        """SoVITS on the device worker: ``[N]`` float32 @ 32 kHz for ``tokens``."""
+        ph, p, prompt = job.phonemes, job.params, job.voice.prompt
+        audio = await self.worker.call(
+            lambda: self.engine.decode(tokens, ph.ids, prompt, speed, p.noise_scale, job.seed),
+            priority=job.priority, order=job.order, deadline=job.deadline)
+        return np.asarray(audio, dtype=np.float32)
+
+    async def vocode(self, job: SentenceJob, early: EarlyAudio | None = None) -> None:
+        """``job.audio``: the whole sentence decoded, joined to what ``early`` already played, faded, cached."""
+        assert job.tokens is not None, "prosody runs first"
+        t0 = time.perf_counter()
+        audio = await self.decode(job, job.tokens, job.params.speed)
+        job.timings["sovits_s"] = time.perf_counter() - t0
+        head = await early.head() if early is not None else None
+        if head is not None:
+            job.emitted, early_audio = head
+            audio = _stitch(early_audio, audio, job.emitted)
+        job.audio = fade_edges(audio)
+        if job.cached:
+            self.cache.put_audio(job.audio_key, job.audio, job.voice.id)
+
+
+class EarlyAudio:
+    """The vocode stage's option to speak a sentence's first words while its GPT still runs.
+
+    :meth:`feed` is the GPT's token callback (the scheduler calls it on the event loop as tokens are decoded):
+    once ``tokens_needed`` tokens are known it decodes them on the vocoder lane and puts the result in
+    :attr:`chunk`, for the listener, without its last :data:`EARLY_HOLDBACK_TOKENS` tokens (they lack right context).
+    :meth:`Stages.vocode` then takes the rest of the sentence from the full decode, crossfaded at the join.
+
+    Parameters
+    ----------
+    stages: whose worker decodes.
+    job: the sentence (phonemized).
+    tokens_needed: how many tokens the early decode waits for.
+    """
+
+    def __init__(self, stages: Stages, job: SentenceJob, tokens_needed: int) -> None:
+        self.stages = stages
+        self.job = job
+        self.tokens_needed = tokens_needed
+        # the early chunk, or None once it is certain there will be none (short sentence, audio cache hit, error)
+        self.chunk: asyncio.Future[AudioChunk | None] = asyncio.get_running_loop().create_future()
+        self.chunk.add_done_callback(_retrieve)
+        self._seen: list[np.ndarray] = []
+        self._decoding: asyncio.Task[tuple[int, np.ndarray]] | None = None
+
+    def feed(self, new_tokens: np.ndarray) -> None:
+        """Tokens from the GPT (or all of them from the cache); starts the early decode when enough arrived."""
+        if self._decoding is not None or self.chunk.done():
+            return
+        self._seen.append(np.asarray(new_tokens, np.int64))
+        tokens = np.concatenate(self._seen)
+        if tokens.size >= self.tokens_needed:
+            self._decoding = asyncio.ensure_future(self._decode(tokens[: self.tokens_needed]))
+
+    def close(self) -> None:
+        """No early chunk unless its decode has started by now."""
+        if self._decoding is None and not self.chunk.done():
+            self.chunk.set_result(None)
+
+    def cancel(self) -> Awaitable[object] | None:
+        """Stop the early decode (the request ended); returns it, to be awaited, when one was running."""
+        self.close()
+        if self._decoding is None:
+            return None
+        self._decoding.cancel()
+        return self._decoding
+
+    async def head(self) -> tuple[int, np.ndarray] | None:
+        """What went out early: (samples emitted, the early decode ``[M]``), or None when nothing did."""
+        self.close()
+        if self._decoding is None:
+            return None
+        await asyncio.wait({self._decoding})
+        if self._decoding.cancelled() or self._decoding.exception() is not None:
+            return None  # the listener hears of the error from :attr:`chunk`
+        return self._decoding.result()
+
+    async def _decode(self, tokens: np.ndarray) -> tuple[int, np.ndarray]:
+        try:
+            t0 = time.perf_counter()
+            audio = await self.stages.decode(self.job, tokens, 1.0)
+            emitted = min(audio.size, (tokens.size - EARLY_HOLDBACK_TOKENS) * SAMPLES_PER_TOKEN)
+            timings = {"gpt_s": 0.0, "sovits_s": time.perf_counter() - t0, "prosody_hit": 0.0, "audio_hit": 0.0,
+                       "partial": 1.0}
+            self.chunk.set_result(AudioChunk(fade_edges(audio[:emitted], tail=False), self.job.text,
+                                             self.job.index, SAMPLE_RATE, timings))
+            return emitted, audio
+        except asyncio.CancelledError:
+            if not self.chunk.done():
+                self.chunk.set_result(None)
+            raise
+        except BaseException as e:
+            if not self.chunk.done():
+                self.chunk.set_exception(e)
+            raise
+
+
+def finish(job: SentenceJob) -> AudioChunk:
+    """The sentence's chunk: its audio from where the early chunk stopped, then ``fragment_interval`` of silence."""
+    assert job.audio is not None, "vocode runs first"
+    gap = np.zeros(int(round(SAMPLE_RATE * job.params.fragment_interval)), dtype=np.float32)
+    return AudioChunk(np.concatenate([job.audio[job.emitted:], gap]), job.text, job.index, SAMPLE_RATE, job.timings)
+
+
+def sentence_seed(seed: int, norm_text: str) -> int:
+    """Per-sentence seed: fixed seeds give the same sentence the same sample wherever it appears."""
+    if seed == -1:
+        return random.getrandbits(31)
+    digest = hashlib.blake2b(f"{seed}\x00{norm_text}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+def _stitch(head: np.ndarray, full: np.ndarray, emitted: int) -> np.ndarray:
+    """The full decode, with the early chunk's samples before ``emitted`` and a crossfade after them."""
+    out = full.copy()
+    out[:emitted] = head[:emitted]
+    n = max(0, min(CROSSFADE_SAMPLES, head.size - emitted, full.size - emitted))
+    if n:
+        rise = raised_cosine(n)
+        out[emitted:emitted + n] = head[emitted:emitted + n] * (1 - rise) + full[emitted:emitted + n] * rise
+    return out
+
+
+def _retrieve(future: asyncio.Future[AudioChunk | None]) -> None:
+    """Mark an early chunk's error as seen (its listener may have gone before it came)."""
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,214 @@
+"""A voice's model-side life: encode an upload into a voice, re-encode it for another model, precompute its phrases,
+delete it with every derived byte. The files are :class:`~synthesis.voices.VoiceStore`'s; the model work runs on
+the :class:`~synthesis.scheduler.DeviceWorker`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from engines import SAMPLE_RATE, SAMPLES_PER_TOKEN, SSL_SAMPLE_RATE, Engine, VoicePrompt
+from synthesis.audio import reference_from_upload, resample
+from synthesis.precompute import precompute_phrases
+from synthesis.stages import Stages
+from synthesis.text import bert_features, text_to_phonemes
+from synthesis.types import Limits, SynthesisParams, Voice, VoiceNotFound
+from synthesis.voices import Removed, VoiceError, VoiceStore, check_name
+
+log = logging.getLogger(__name__)
+
+MIN_ROOM_POSITIONS = 400  # GPT context a voice's prompt must leave for a sentence (~100 phones + 12 s of tokens)
+TOKENS_PER_S = SAMPLE_RATE / SAMPLES_PER_TOKEN  # semantic tokens per second of reference (25)
+GPT_CONTEXT = 2048  # the engines' GPT context per request (engines.gpt_sovits.generate.MAX_CONTEXT) unless they say
+Progress = Callable[[str, float], None]
+
+
+class Voicing:
+    """Creates, re-encodes, precomputes and deletes voices for the loaded model. One per synthesizer.
+
+    Parameters
+    ----------
+    stages: the pipeline's stages (their worker runs the model work, their caches get the precomputed phrases).
+    store: the voice folders.
+    limits: the upload limits (``max_upload_bytes``, ``max_upload_s``, ``min_speech_s``, ``max_speech_s``).
+    defaults: the sampling options a precompute uses when not told.
+    """
+
+    def __init__(self, stages: Stages, store: VoiceStore, limits: Limits, defaults: SynthesisParams) -> None:
+        self.stages = stages
+        self.store = store
+        self.limits = limits
+        self.defaults = defaults
+        self.uses_sv: bool | None = None  # does the engine's SoVITS read SV features (v2Pro)? None: not yet known
+        self._precomputing: dict[asyncio.Task[int], str] = {}  # precompute task -> voice id
+        self._reencoding: dict[str, asyncio.Lock] = {}  # voice id -> lock held while it is re-encoded
+
+    @property
+    def engine(self) -> Engine:
+        return self.stages.engine
+
+    # ---- create ------------------------------------------------------------------------------------------------
+
+    async def create(self, name: str, data: bytes, filename: str = "", *, consent: Mapping[str, Any],
+                     owner_id: int = 0, transcript: str | None = None, language: str = "auto",
+                     enrollment_prompt: str | None = None, progress: Progress | None = None,
+                     phrases: Sequence[str] = (), voice_id: str | None = None) -> tuple[Voice, list[str]]:
+        """Validate and encode an uploaded clip, store the voice, start precomputing ``phrases``.
+
+        ``consent`` is the speaker's consent record (``user_id``, ``text``; see ``synthesis.voices.Consent``):
+        nothing is stored without it. ``voice_id``: the id reserved for it (a new one when None). Returns the voice
+        and the clip's warnings.
+        """
+        report = progress or (lambda stage, frac: None)
+        check_name(name)  # a name the store would refuse is refused before any decoding or encoding
+        report("decoding", 0.0)
+        lim = self.limits
+        ref = await asyncio.to_thread(reference_from_upload, data, filename, max_bytes=lim.max_upload_bytes,
+                                      max_seconds=lim.max_upload_s, min_s=lim.min_speech_s, max_s=lim.max_speech_s)
+        report("encoding", 0.3)
+        prompt_text = (transcript or enrollment_prompt or "").strip()
+        prompt = await self._encode_prompt(ref.wav16k, ref.wav32k, prompt_text, language)
+        self._check_prompt_room(prompt.prompt_phones.size, prompt.prompt_tokens.size)
+        report("storing", 0.8)
+        voice = await asyncio.to_thread(
+            self.store.create, name, ref, prompt, owner_id=owner_id, language=language, prompt_text=prompt_text,
+            model_id=self.engine.model_id, consent=consent, enrollment_prompt=enrollment_prompt, voice_id=voice_id)
+        report("done", 1.0)
+        if phrases:
+            self.precompute(voice, phrases)
+        return voice, list(ref.warnings)
+
+    async def _encode_prompt(self, wav16k: np.ndarray, wav32k: np.ndarray, prompt_text: str,
+                             language: str) -> VoicePrompt:
+        worker, engine = self.stages.worker, self.engine
+        # v2Pro/v2ProPlus: the clip's speaker-verification features, fused into its style and kept with the voice
+        # (the engine checks at decode time that a voice's features match its model); None for a v2 model
+        sv = await worker.call(lambda: engine.encode_speaker([wav32k]))
+        sv_emb = None if sv is None else np.asarray(sv, np.float32)  # [1, sv_dim]
+        self.uses_sv = sv_emb is not None
+        if prompt_text:
+            if prompt_text[-1] not in "，。？！,.?!~:：—…":
+                prompt_text += "." if language == "en" else "。"
+            ph = await asyncio.to_thread(text_to_phonemes, prompt_text, language)
+            # checked before the model work, with the tokens the clip will give (25 per second)
+            self._check_prompt_room(len(ph.ids), math.ceil(wav16k.size / SSL_SAMPLE_RATE * TOKENS_PER_S))
+            await self.stages.load_bert_for(ph)
+            bert = await worker.call(lambda: bert_features(ph, engine.text_features))
+            tokens, ge = await worker.call(lambda: engine.encode_reference(wav16k, [wav32k], sv_emb=sv_emb))
+            return VoicePrompt(np.asarray(tokens, np.int64), np.asarray(ge, np.float32),
+                               np.asarray(ph.ids, np.int64), np.asarray(bert, np.float32), sv_emb)
+        _, ge = await worker.call(lambda: engine.encode_reference(None, [wav32k], sv_emb=sv_emb))
+        return VoicePrompt(np.zeros(0, np.int64), np.asarray(ge, np.float32), np.zeros(0, np.int64),
+                           np.zeros((1024, 0), np.float32), sv_emb)
+
+    def _check_prompt_room(self, phones: int, tokens: int) -> None:
+        """Refuse a reference whose transcript and tokens leave the GPT no room for a sentence.
+
+        Every request puts the reference's phones and prompt tokens in front of the sentence, in a context of
+        ``engine.max_context`` positions; an overlong transcript would make every synthesis with the voice fail.
+        """
+        context = int(getattr(self.engine, "max_context", GPT_CONTEXT))
+        used = int(phones) + int(tokens)
+        if used + MIN_ROOM_POSITIONS > context:
+            raise VoiceError(
+                f"the reference is too long for the model: its transcript ({phones} phones) "
+                f"and clip ({tokens} tokens) take {used} of the GPT's {context} positions, "
+                f"leaving less than the {MIN_ROOM_POSITIONS} a sentence needs; give only the words spoken in "
+                "the 3-10 s clip as its transcript")
+
+    # ---- fit to the loaded model -------------------------------------------------------------------------------
+
+    async def fit(self, voice: Voice) -> Voice:
+        """The voice as the loaded model needs it: re-encoded (once) from its stored reference clip when its prompt
+        was made by another model, so a prompt of one model never conditions another.
+
+        Raises
+        ------
+        VoiceError
+            the voice needs re-encoding but has no stored reference clip; the message says to create it again.
+        """
+        if await self._fits(voice):
+            return voice
+        lock = self._reencoding.setdefault(voice.id, asyncio.Lock())
+        async with lock:  # concurrent requests for the voice wait for one re-encode
+            try:
+                stored = await asyncio.to_thread(self.store.get, voice.id)
+            except VoiceNotFound:
+                raise VoiceError(f"voice {voice.name!r} was made for another model and is not in the voice store, "
+                                 "so it cannot be re-encoded; create the voice again") from None
+            if await self._fits(stored):  # re-encoded meanwhile (the caller held the previous version)
+                return stored
+            return await self._reencode(stored)
+
+    async def learn_sv(self) -> bool:
+        """Whether the loaded SoVITS reads SV features (asked once, with one second of silence)."""
+        if self.uses_sv is None:
+            engine = self.engine
+            sv = await self.stages.worker.call(lambda: engine.encode_speaker([np.zeros(SAMPLE_RATE, np.float32)]))
+            self.uses_sv = sv is not None
+        return self.uses_sv
+
+    async def _fits(self, voice: Voice) -> bool:
+        """Was this voice's prompt made by the loaded model (its model id, and SV features exactly when it uses
+        them)?"""
+        if voice.model_id != self.engine.model_id:
+            return False
+        return (voice.prompt.sv_emb is not None) == await self.learn_sv()
+
+    async def _reencode(self, voice: Voice) -> Voice:
+        """Encode a stored voice again, from its stored clip and transcript, with the loaded model; store it."""
+        try:
+            clip = await asyncio.to_thread(self.store.load_clip, voice.id)  # [N] float32 @ 32 kHz
+        except VoiceNotFound:
+            raise VoiceError(f"voice {voice.name!r} was made for another model and its reference clip is missing, "
+                             "so it cannot be re-encoded; create the voice again") from None
+        log.info("voice %s was encoded by model %s; re-encoding it for model %s", voice.id, voice.model_id,
+                 self.engine.model_id)
+        wav16k = await asyncio.to_thread(resample, clip, SAMPLE_RATE, SSL_SAMPLE_RATE)  # [M] float32 @ 16 kHz
+        prompt = await self._encode_prompt(wav16k, clip, voice.prompt_text, voice.language)
+        self.stages.stats.counters["voice_reencoded"] += 1
+        return await asyncio.to_thread(self.store.replace, voice.id, prompt, model_id=self.engine.model_id)
+
+    # ---- precompute --------------------------------------------------------------------------------------------
+
+    def precompute(self, voice: Voice, phrases: Sequence[str], progress: Progress | None = None,
+                   params: SynthesisParams | None = None) -> asyncio.Task[int]:
+        """Compute the prosody of ``phrases`` in the background (live requests always go first)."""
+        task = asyncio.create_task(self._precompute(voice, list(phrases), progress, params or self.defaults))
+        self._precomputing[task] = voice.id
+        task.add_done_callback(self._precompute_done)
+        return task
+
+    async def _precompute(self, voice: Voice, phrases: list[str], progress: Progress | None,
+                          params: SynthesisParams) -> int:
+        return await precompute_phrases(self.stages, await self.fit(voice), phrases, params, progress)
+
+    def _precompute_done(self, task: asyncio.Task[int]) -> None:
+        self._precomputing.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("precompute failed: %s", task.exception())
+
+    async def stop_precompute(self, voice_id: str | None = None) -> None:
+        """Cancel the background precomputes of one voice (every voice when None) and wait for them to end."""
+        pending = [t for t, vid in self._precomputing.items() if voice_id is None or vid == voice_id]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    # ---- delete ------------------------------------------------------------------------------------------------
+
+    async def delete(self, voice_id: str) -> Removed:
+        """Remove the voice and every byte derived from it (files and cache entries); returns what went.
+
+        Its background precomputes are stopped first, and the cache refuses the voice's entries from now on, so
+        a request still in flight for it cannot write its results back after the delete.
+        """
+        await self.stop_precompute(voice_id)
+        removed = await asyncio.to_thread(self.store.delete, voice_id)
+        self._reencoding.pop(voice_id, None)
+        return removed

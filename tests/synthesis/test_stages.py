@@ -1,0 +1,150 @@
+"""The sentence stages one at a time, with the tiny real models: phonemize, prosody, vocode, finish, early audio."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+
+from bot.services import build_synthesizer
+from synthesis.audio import FADE_S, fade_edges
+from synthesis.scheduler import Deadline
+from synthesis.stages import (CROSSFADE_SAMPLES, EARLY_HOLDBACK_TOKENS, EarlyAudio, SentenceJob, _stitch,
+                              finish, sentence_seed)
+from synthesis.types import SynthesisParams
+from tests.audio_samples import speech_like_wav
+
+SEEDED = SynthesisParams(language="en", seed=1234, noise_scale=0.5)
+CONSENT = {"user_id": 1, "text": "this is my own voice"}
+TEXT = "The weather is nice today."
+
+
+@pytest.fixture
+async def synth(tiny_config):
+    s = build_synthesizer(tiny_config)
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def voice(synth):
+    v, _ = await synth.voicing.create("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
+                                      language="en", consent=CONSENT)
+    return v
+
+
+def _job(voice, params=SEEDED, text=TEXT, index=0):
+    return SentenceJob(text, index, voice, params, Deadline(60.0), order=(0, index))
+
+
+async def test_phonemize_fills_phones_seed_and_keys(synth, voice):
+    job = _job(voice)
+    await synth.stages.phonemize(job)
+    assert job.phonemes.ids.dtype == np.int64 and job.phonemes.ids.size > 10
+    assert job.seed == sentence_seed(1234, job.phonemes.norm_text)  # the same sentence, the same seed
+    assert job.cached and len(job.prosody_key) == len(job.audio_key) == 64
+    faster = _job(voice, dataclasses.replace(SEEDED, speed=1.1))
+    await synth.stages.phonemize(faster)
+    # speed changes the audio, not the prosody
+    assert faster.prosody_key == job.prosody_key and faster.audio_key != job.audio_key
+    other_seed = _job(voice, dataclasses.replace(SEEDED, seed=99))
+    await synth.stages.phonemize(other_seed)
+    assert other_seed.prosody_key != job.prosody_key and other_seed.seed != job.seed
+
+
+async def test_prosody_runs_the_gpt_once_then_hits_the_cache(synth, voice):
+    job = _job(voice)
+    await synth.stages.phonemize(job)
+    seen: list[np.ndarray] = []
+    steps = synth.worker.gpt_steps
+    await synth.stages.prosody(job, on_tokens=seen.append)
+    assert job.tokens is not None and job.tokens.dtype == np.int64 and job.tokens.size > 0
+    assert synth.worker.gpt_steps > steps and job.timings["gpt_s"] > 0 and job.timings["prosody_hit"] == 0.0
+    assert np.array_equal(np.concatenate(seen), job.tokens)  # the callback saw every token, in order, once
+    again, seen_again = _job(voice), []
+    await synth.stages.phonemize(again)
+    steps = synth.worker.gpt_steps
+    await synth.stages.prosody(again, on_tokens=seen_again.append)
+    assert synth.worker.gpt_steps == steps and again.timings["prosody_hit"] == 1.0 and again.timings["gpt_s"] == 0.0
+    assert np.array_equal(again.tokens, job.tokens)
+    assert len(seen_again) == 1 and np.array_equal(seen_again[0], job.tokens)  # a hit feeds them all at once
+
+
+async def test_prosody_waits_for_the_sentence_before(synth, voice):
+    job = _job(voice)
+    await synth.stages.phonemize(job)
+    before = asyncio.Event()
+    task = asyncio.create_task(synth.stages.prosody(job, after=before))
+    await asyncio.sleep(0.2)
+    assert not task.done() and synth.worker.gpt_steps == 0  # the GPT has not started
+    before.set()
+    await asyncio.wait_for(task, 120)
+    assert job.tokens is not None and synth.worker.gpt_steps > 0
+
+
+async def test_vocode_decodes_fades_and_caches(synth, voice):
+    job = _job(voice)
+    await synth.stages.phonemize(job)
+    assert not synth.stages.cached_audio(job)
+    await synth.stages.prosody(job)
+    await synth.stages.vocode(job)
+    assert job.audio is not None and job.audio.dtype == np.float32
+    assert job.audio.size == job.tokens.size * 1280  # 1280 samples @ 32 kHz per token
+    assert job.audio[0] == 0.0 and abs(job.audio[-1]) < 1e-3 and job.timings["sovits_s"] > 0
+    hit = _job(voice)
+    await synth.stages.phonemize(hit)
+    assert synth.stages.cached_audio(hit)  # the audio cache now holds the sentence, bit for bit
+    assert np.array_equal(hit.audio, job.audio) and hit.timings["audio_hit"] == hit.timings["prosody_hit"] == 1.0
+
+
+def test_finish_appends_the_pause_after_what_went_out_early(voice_free_job):
+    job = voice_free_job
+    job.audio = np.arange(1000, dtype=np.float32)
+    job.emitted = 300
+    chunk = finish(job)
+    assert chunk.audio.size == 700 + int(0.3 * 32000)
+    assert chunk.audio[0] == 300.0 and np.all(chunk.audio[700:] == 0)
+    assert chunk.index == 2 and chunk.sentence == TEXT and chunk.sample_rate == 32000
+
+
+@pytest.fixture
+def voice_free_job():
+    return SentenceJob(TEXT, 2, None, SynthesisParams(fragment_interval=0.3))  # type: ignore[arg-type]
+
+
+async def test_early_audio_speaks_the_first_tokens_and_hands_over(synth, voice):
+    job = _job(voice, text="This first sentence is long enough to need many semantic tokens from the model.")
+    await synth.stages.phonemize(job)
+    early = EarlyAudio(synth.stages, job, 12)
+    await synth.stages.prosody(job, on_tokens=early.feed)
+    await synth.stages.vocode(job, early)
+    chunk = await early.chunk
+    assert chunk is not None and chunk.timings["partial"] == 1.0 and chunk.index == 0
+    assert chunk.audio.size == (12 - EARLY_HOLDBACK_TOKENS) * 1280 == job.emitted
+    # the sentence's audio starts with exactly what went out early
+    assert np.array_equal(job.audio[:job.emitted], chunk.audio)
+    assert finish(job).audio.size == job.audio.size - job.emitted + int(0.3 * 32000)
+
+
+async def test_early_audio_does_not_happen_for_a_short_sentence(synth, voice):
+    job = _job(voice)
+    await synth.stages.phonemize(job)
+    early = EarlyAudio(synth.stages, job, 10_000)  # more tokens than the sentence has
+    await synth.stages.prosody(job, on_tokens=early.feed)
+    await synth.stages.vocode(job, early)
+    assert await early.chunk is None and job.emitted == 0 and await early.head() is None
+
+
+def test_fade_edges_and_stitch():
+    audio = np.ones(1000, np.float32)
+    faded = fade_edges(audio)
+    n = int(round(32000 * FADE_S))
+    assert faded[0] == 0.0 and faded[-1] == 0.0 and np.all(faded[n:-n] == 1.0)
+    assert np.all(np.diff(faded[:n]) >= 0)  # a rise, never a step down
+    assert fade_edges(audio, tail=False)[-1] == 1.0
+    head, full = np.full(2000, 0.5, np.float32), np.full(3000, -0.5, np.float32)
+    out = _stitch(head, full, 500)
+    assert np.all(out[:500] == 0.5) and np.all(out[500 + CROSSFADE_SAMPLES:] == -0.5)
+    assert 0.5 >= out[500] > out[500 + CROSSFADE_SAMPLES // 2] > out[500 + CROSSFADE_SAMPLES - 1] >= -0.5
