@@ -74,13 +74,6 @@ async def spied(tiny_config, monkeypatch):
     await s.close()
 
 
-@pytest.fixture
-async def voice(synth):
-    v, _ = await synth.voicing.create("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
-                                    language="en", consent=CONSENT)
-    return v
-
-
 async def collect(synth, text, voice, params=SEEDED):
     return [c async for c in synth.stream(text, voice, params)]
 

@@ -16,28 +16,13 @@ import numpy as np
 import pytest
 
 from bot.services import build_synthesizer
-from engines.base import EngineError
-from synthesis.types import BusyError, DeadlineError, SynthesisParams
+from synthesis.types import BusyError, SynthesisParams
 from synthesis.voices import VoiceError
 from tests.audio_samples import speech_like_wav
 
 SEEDED = SynthesisParams(language="en", seed=1234, noise_scale=0.5)
 CONSENT = {"user_id": 1, "text": "this is my own voice"}
 HANG_GUARD_S = 600  # only against a hang
-
-
-@pytest.fixture
-async def synth(tiny_config):
-    s = build_synthesizer(tiny_config)
-    yield s
-    await s.close()
-
-
-@pytest.fixture
-async def voice(synth):
-    v, _ = await synth.voicing.create("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
-                                    language="en", consent=CONSENT)
-    return v
 
 
 async def _outcome(stream):

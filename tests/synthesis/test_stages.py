@@ -8,31 +8,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from bot.services import build_synthesizer
 from synthesis.audio import FADE_S, fade_edges
 from synthesis.scheduler import Deadline
 from synthesis.stages import (CROSSFADE_SAMPLES, EARLY_HOLDBACK_TOKENS, EarlyAudio, SentenceJob, _stitch,
                               finish, sentence_seed)
 from synthesis.types import SynthesisParams
-from tests.audio_samples import speech_like_wav
 
 SEEDED = SynthesisParams(language="en", seed=1234, noise_scale=0.5)
 CONSENT = {"user_id": 1, "text": "this is my own voice"}
 TEXT = "The weather is nice today."
-
-
-@pytest.fixture
-async def synth(tiny_config):
-    s = build_synthesizer(tiny_config)
-    yield s
-    await s.close()
-
-
-@pytest.fixture
-async def voice(synth):
-    v, _ = await synth.voicing.create("alice", speech_like_wav(), "alice.wav", transcript="Hello, this is my voice.",
-                                      language="en", consent=CONSENT)
-    return v
 
 
 def _job(voice, params=SEEDED, text=TEXT, index=0):
