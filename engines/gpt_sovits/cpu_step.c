@@ -501,6 +501,14 @@ static void attend_unit(void *ctx, int u0, int u1) {
     }
 }
 
+/* y = x @ W^T (+ bias, ReLU) for the linear whose (weight, scale, bias) pointers start at lin in the table */
+static void linear(const int64_t *lin, int out, int in, int relu, const float *x, float *y, int B, int wkind,
+                   int16_t *xq, float *xscale) {
+    gemv_job j = {(const void *)(intptr_t)lin[0], (const float *)(intptr_t)lin[1], (const float *)(intptr_t)lin[2],
+                  out, in, relu, x, NULL, NULL, y};
+    gemv(&j, B, wkind, xq, xscale);
+}
+
 /* ------------------------------------------------------------------------------------------------- the step */
 
 /* Runs every layer for B rows. h: [B, dim] fp32 residual stream, in and out. slots/positions: [B] cache row and the
@@ -527,9 +535,7 @@ int vb_decode_layers(const int64_t *params, int layers, int dim, int heads, int 
     for (int i = 0; i < layers; i++) {
         const int64_t *p = params + (size_t)i * P_PER_LAYER;
         char *kv = (char *)(intptr_t)p[P_KV];
-        gemv_job j = {(const void *)(intptr_t)p[P_QKV], (const float *)(intptr_t)p[P_QKV + 1],
-                      (const float *)(intptr_t)p[P_QKV + 2], 3 * dim, dim, 0, h, NULL, NULL, qkv};
-        gemv(&j, B, wkind, xq, xscale);
+        linear(p + P_QKV, 3 * dim, dim, 0, h, qkv, B, wkind, xq, xscale);
         for (int b = 0; b < B; b++) {  /* the new token's K and V into the cache */
             const float *q = qkv + (size_t)b * 3 * dim;
             for (int hh = 0; hh < heads; hh++) {
@@ -543,18 +549,12 @@ int vb_decode_layers(const int64_t *params, int layers, int dim, int heads, int 
         }
         attn_ctx ac = {qkv, kv, att, slots, positions, dim, heads, hd, max_slots, max_len, kvkind, scale};
         parallel(attend_unit, &ac, B * heads, 4);
-        gemv_job o = {(const void *)(intptr_t)p[P_OUT], (const float *)(intptr_t)p[P_OUT + 1],
-                      (const float *)(intptr_t)p[P_OUT + 2], dim, dim, 0, att, NULL, NULL, f1};
-        gemv(&o, B, wkind, xq, xscale);
+        linear(p + P_OUT, dim, dim, 0, att, f1, B, wkind, xq, xscale);
         for (int b = 0; b < B; b++)
             add_norm(h + (size_t)b * dim, f1 + (size_t)b * dim, (const float *)(intptr_t)p[P_N1],
                      (const float *)(intptr_t)p[P_N1 + 1], dim, eps);
-        gemv_job u = {(const void *)(intptr_t)p[P_FF1], (const float *)(intptr_t)p[P_FF1 + 1],
-                      (const float *)(intptr_t)p[P_FF1 + 2], ffn, dim, 1, h, NULL, NULL, f1};
-        gemv(&u, B, wkind, xq, xscale);
-        gemv_job d = {(const void *)(intptr_t)p[P_FF2], (const float *)(intptr_t)p[P_FF2 + 1],
-                      (const float *)(intptr_t)p[P_FF2 + 2], dim, ffn, 0, f1, NULL, NULL, att};
-        gemv(&d, B, wkind, xq, xscale);
+        linear(p + P_FF1, ffn, dim, 1, h, f1, B, wkind, xq, xscale);
+        linear(p + P_FF2, dim, ffn, 0, f1, att, B, wkind, xq, xscale);
         for (int b = 0; b < B; b++)
             add_norm(h + (size_t)b * dim, att + (size_t)b * dim, (const float *)(intptr_t)p[P_N2],
                      (const float *)(intptr_t)p[P_N2 + 1], dim, eps);
