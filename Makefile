@@ -8,7 +8,7 @@ TORCH_VERSION := 2.13.0
 # cpu | cuda | auto (auto: the CUDA build where nvidia-smi sees an NVIDIA GPU, else the CPU build)
 TORCH_BUILD ?= auto
 
-.PHONY: run test test-avx2 system-deps venv bench clean
+.PHONY: run test typecheck test-avx2 system-deps venv bench clean
 
 # libopus for Discord voice; a C compiler for the fused CPU decode step (built once for this CPU on first use; without
 # one the GPT decodes with the slower graphs or TorchScript loop on a CPU).
@@ -64,6 +64,11 @@ run: venv
 	$(BIN)/python -m bot --config $(CONFIG) check-token
 	$(BIN)/python -m bot --config $(CONFIG) models download
 	$(BIN)/python -m bot --config $(CONFIG) run
+
+# pyright over bot, cogs, synthesis and engines ([tool.pyright] in pyproject: strict for synthesis and engines),
+# against the venv's packages; the version check it would make online is turned off.
+typecheck: venv
+	PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(BIN)/pyright --pythonpath $(BIN)/python
 
 test: venv
 	$(BIN)/python -m pytest -q -p no:cacheprovider; rc=$$?; \
