@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncGenerator, cast
 
 import openai
 
 from bot.config import ChatConfig
 from synthesis import SpeechError
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,7 @@ class ChatClient:
         """Forget the channel's conversation."""
         self._memory.pop(channel_id, None)
 
-    async def stream_reply(self, channel_id: int, user_text: str) -> AsyncIterator[str]:
+    async def stream_reply(self, channel_id: int, user_text: str) -> AsyncGenerator[str, None]:
         """Ask the model; yield the reply in pieces as they arrive (any split, mid-word included).
 
         The exchange is remembered for the channel once the reply ends; a reply the caller stops reading early is
@@ -71,7 +74,8 @@ class ChatClient:
         try:
             try:
                 stream = await asyncio.wait_for(
-                    self._client.chat.completions.create(model=cfg.model, messages=messages, stream=True),
+                    self._client.chat.completions.create(  # system/user/assistant messages with text content
+                        model=cfg.model, messages=cast("list[ChatCompletionMessageParam]", messages), stream=True),
                     cfg.timeout_s)
                 while True:
                     chunk = await asyncio.wait_for(anext(stream, None), cfg.timeout_s)

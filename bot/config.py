@@ -369,9 +369,9 @@ def _build(cls: type, raw: Any, prefix: str, base_dir: Path) -> Any:
             derived.append(f)  # (models.gpt: the pretrained GPT of models.family)
         elif f.name in raw:
             values[f.name] = _coerce(tp, raw[f.name], f"{prefix}{f.name}", base_dir)
-        elif dataclasses.is_dataclass(tp):
+        elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
             values[f.name] = _build(tp, {}, f"{prefix}{f.name}.", base_dir)
-        elif tp is Path:  # defaults are relative to the config file too
+        elif tp is Path and isinstance(f.default, Path):  # defaults are relative to the config file too
             values[f.name] = base_dir / f.default
     for f in derived:
         everything = {g.name: values.get(g.name, g.default) for g in dataclasses.fields(cls)}
@@ -391,7 +391,7 @@ def _dotted(cls: type, prefix: str, message: str) -> str:
 
 
 def _coerce(tp: Any, value: Any, key: str, base_dir: Path) -> Any:
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value if value is not None else {}, key + ".", base_dir)
     origin = typing.get_origin(tp)
     if origin in (types.UnionType, typing.Union):

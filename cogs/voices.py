@@ -438,8 +438,8 @@ class VoiceCog(ReplyingCog):
         speech = self.services.speech
         channel = member.voice.channel if member.voice is not None else None
         speaker = speech.speaker(guild.id) if speech is not None else None
-        if speaker is not None and speaker.is_connected and channel is not None and speaker.channel is not None \
-                and speaker.channel.id == channel.id:  # we share a voice channel: say it there
+        if speech is not None and speaker is not None and speaker.is_connected and channel is not None \
+                and speaker.channel is not None and speaker.channel.id == channel.id:  # we share a voice channel: say it there
             await speech.say(guild, member, sample, source="slash", voice=voice)
             await send_ephemeral(interaction, f"Speaking a sample in **{voice.name}** in {channel.mention}.")
             return
