@@ -23,7 +23,7 @@ from typing import Any
 import av
 import av.error
 import numpy as np
-import soxr
+import soxr  # pyright: ignore[reportMissingTypeStubs]  # untyped; its source gives the types
 
 from engines import SAMPLE_RATE, SSL_SAMPLE_RATE
 from synthesis.types import PCM16_SCALE, AudioInputError, to_pcm16

@@ -31,9 +31,9 @@ import re
 import threading
 import unicodedata
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol, cast
 
-import diskcache
+import diskcache  # pyright: ignore[reportMissingTypeStubs]  # untyped: _Store below types what is used
 import numpy as np
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,22 @@ TOKEN_DTYPE = np.dtype("<i2")  # semantic tokens are 0..1024, stored as int16 (2
 AUDIO_DTYPE = np.dtype("<f4")  # audio is stored exactly, float32
 OVERSHOOT = 1.1  # the bound may be exceeded by this factor before a batch cull (one entry per store otherwise)
 _WS = re.compile(r"\s+")
+
+
+class _Store(Protocol):
+    """The part of ``diskcache.Cache`` this module uses (diskcache ships no type information)."""
+
+    size_limit: int  # a setting, read through the cache's attribute lookup
+    _sql: Callable[[str], object]  # runs one SQL statement on the cache's connection
+
+    def get(self, key: str, default: None = None, *, retry: bool = False) -> object: ...
+    def set(self, key: str, value: bytes, *, tag: str, retry: bool = False) -> bool: ...
+    def delete(self, key: str, *, retry: bool = False) -> bool: ...
+    def evict(self, tag: str, *, retry: bool = False) -> int: ...
+    def cull(self, *, retry: bool = False) -> int: ...
+    def volume(self) -> int: ...
+    def close(self) -> None: ...
+    def __len__(self) -> int: ...
 
 
 class SynthesisCache:
@@ -196,7 +212,7 @@ class SynthesisCache:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _get(self, cache: diskcache.Cache, name: str, key: str, dtype: np.dtype[Any]) -> np.ndarray | None:
+    def _get(self, cache: _Store, name: str, key: str, dtype: np.dtype[Any]) -> np.ndarray | None:
         """Look a key up, count the hit or miss, and drop an entry whose bytes do not decode."""
         value = cache.get(key, default=None, retry=True)
         if not isinstance(value, bytes) or len(value) % dtype.itemsize:
@@ -208,7 +224,7 @@ class SynthesisCache:
         self._counts[name][0] += 1
         return np.frombuffer(value, dtype=dtype)
 
-    def _put(self, cache: diskcache.Cache, key: str, value: bytes, voice_id: str) -> bool:
+    def _put(self, cache: _Store, key: str, value: bytes, voice_id: str) -> bool:
         """Store a value unless its voice is retired; evicts least recently used entries while over the bound."""
         with self._write_lock:
             if self.is_retired(voice_id):
@@ -229,25 +245,25 @@ def normalise_text(text: str) -> str:
     return _WS.sub(" ", unicodedata.normalize("NFC", text)).strip()
 
 
-def _checkpoint(cache: diskcache.Cache) -> None:
+def _checkpoint(cache: _Store) -> None:
     """Empty the store's SQLite WAL into its database: until then the removed rows stay readable in the WAL."""
     try:
-        cache._sql("PRAGMA wal_checkpoint(TRUNCATE)")  # diskcache has no public call for it
+        cache._sql("PRAGMA wal_checkpoint(TRUNCATE)")  # pyright: ignore[reportPrivateUsage]  # no public call for it
     except Exception:  # a reader in another process holds the WAL: the copies go at its next checkpoint
         log.warning("cache: WAL checkpoint after a removal did not complete", exc_info=True)
 
 
-def _open(path: Path, size_limit: int) -> diskcache.Cache:
+def _open(path: Path, size_limit: int) -> _Store:
     """A size-bounded LRU diskcache with a tag index and secure deletion."""
     path.mkdir(parents=True, exist_ok=True)
-    return diskcache.Cache(
+    return cast(_Store, diskcache.Cache(
         str(path),
         size_limit=int(size_limit),
         eviction_policy="least-recently-used",
         cull_limit=1,  # evict one entry per store, strictly in LRU order (diskcache's default culls 10 at once)
         tag_index=True,  # invalidate_voice evicts by tag without a full scan
         sqlite_secure_delete=1,  # deleted rows are overwritten, so a deleted voice leaves no bytes in the db
-    )
+    ))
 
 
 def _digest(payload: Mapping[str, Any]) -> str:

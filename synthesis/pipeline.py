@@ -14,7 +14,7 @@ import collections
 import logging
 import math
 import time
-from typing import AsyncIterator, Awaitable, Callable, NamedTuple
+from typing import AsyncIterator, Awaitable, Callable, NamedTuple, TypeAlias
 
 import numpy as np
 
@@ -45,7 +45,9 @@ class _InFlight(NamedTuple):
     early: EarlyAudio | None
 
 
-_Order = asyncio.Queue  # of _InFlight | BaseException (the producer failed) | None (the text ended)
+# the producer -> consumer queue: a sentence, the producer's failure, or None (the text ended)
+_Order: TypeAlias = "asyncio.Queue[_InFlight | BaseException | None]"
+
 
 class Synthesizer:
     """Text (whole or streamed) + voice -> audio chunks. One per process; safe for many concurrent callers.

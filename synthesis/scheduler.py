@@ -192,10 +192,12 @@ class DeviceWorker:
         each token once, even when the request is decoded again after its batch failed.
         """
         loop = asyncio.get_running_loop()
-        forward = None
+        forward: Callable[[np.ndarray], None] | None = None
         if on_tokens is not None:
-            def forward(tokens: np.ndarray) -> None:
+            def to_caller(tokens: np.ndarray) -> None:
                 loop.call_soon_threadsafe(on_tokens, tokens)
+
+            forward = to_caller
 
         job = _GptJob(priority, deadline, loop, loop.create_future(), order=order, request=request,
                       on_tokens=forward)
@@ -378,8 +380,7 @@ class DeviceWorker:
         try:
             if g.batch is None:
                 g.batch = self.engine.open_batch(on_chunk=self._route_tokens)
-            self._admit(g)
-            if g.batch is None:  # rebuilt after a refused request: its requests are queued again
+            if not self._admit(g):  # dropped after a refused request: its requests are queued again
                 return
             self._drop_cancelled(g.batch, g.running)
             self._active_gpt = len(g.running)
@@ -447,19 +448,19 @@ class DeviceWorker:
         except Exception:  # e.g. the caller's loop closed: its request is gone, the batch goes on
             log.debug("token callback of request %s failed", request_id, exc_info=True)
 
-    def _admit(self, g: _GptState) -> None:
+    def _admit(self, g: _GptState) -> bool:
         """Move queued requests into free slots; a live request preempts a background one when full.
 
         A request that the engine refuses (``batch.add`` raises) fails alone. A suspect (its batch failed
-        before) is decoded with no other request beside it.
+        before) is decoded with no other request beside it. False when the batch was dropped (``g.batch`` None).
         """
         batch, running = g.batch, g.running
         assert batch is not None
         while True:
             entry = self._take_best(self._gpt_queue)
             if entry is None:
-                return
-            prio, order, _, job = entry
+                return True
+            prio, _, _, job = entry
             if job.cancel.is_set():
                 continue
             if job.expired(self.clock()):
@@ -468,19 +469,19 @@ class DeviceWorker:
             alone = any(j.failures for j in running.values())
             if alone or (job.failures and running):
                 self._gpt_queue.put(entry)  # after the batch drains
-                return
+                return True
             opens = isinstance(job.deadline, Deadline) and job.deadline.opens
             peers = sum(1 for j in running.values() if j.priority <= prio)  # background work would make way
             if opens and batch.capacity - peers <= batch.capacity // RESERVE_DIVISOR:
                 # a new request's first sentence leaves the last slots to requests already speaking: a running
                 # decode is never stopped, so a full batch would make their next sentences wait for it
                 self._gpt_queue.put(entry)
-                return
+                return True
             if batch.active >= batch.capacity:
                 victim = next((rid for rid, j in running.items() if j.priority > prio), None)
                 if victim is None:
                     self._gpt_queue.put(entry)
-                    return
+                    return True
                 preempted = running.pop(victim)
                 batch.cancel(victim)
                 self._requeue(preempted)
@@ -506,7 +507,7 @@ class DeviceWorker:
                         self._requeue(other)
                     running.clear()
                     g.batch = None
-                    return
+                    return False
                 continue
             job.elapsed += time.perf_counter() - t0
 
@@ -533,5 +534,5 @@ class _GptState:
     """The GPT's running batch, owned by the thread that steps it."""
 
     batch: SemanticBatch | None = None
-    running: dict[int, _GptJob] = field(default_factory=dict)
+    running: dict[int, _GptJob] = field(default_factory=dict[int, _GptJob])
     ids: itertools.count[int] = field(default_factory=itertools.count)

@@ -58,7 +58,7 @@ class SynthesisParams:
         _check_number("speed", self.speed, 0.25, 4.0)
         _check_number("fragment_interval", self.fragment_interval, 0.0, 5.0)
         _check_number("noise_scale", self.noise_scale, 0.0, MAX_NOISE_SCALE)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not -1 <= self.seed < 2**63:
+        if not _whole(self.seed) or not -1 <= self.seed < 2**63:
             raise ValueError(f"seed must be a whole number from -1 (random) to 2**63-1, got {self.seed!r}")
 
 
@@ -102,6 +102,11 @@ def _check_positive(name: str, value: object) -> None:
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
     if not (ok and math.isfinite(float(value)) and float(value) > 0):  # type: ignore[arg-type]
         raise ValueError(f"{name} must be a finite number above 0, got {value!r}")
+
+
+def _whole(value: object) -> bool:
+    """An int or numpy integer, not a bool (``object``: the declared type is not trusted at the door)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _check_number(name: str, value: object, lo: float, hi: float) -> None:
@@ -150,7 +155,7 @@ class AudioChunk:
     sentence: str
     index: int
     sample_rate: int = SAMPLE_RATE
-    timings: dict[str, float] = field(default_factory=dict)  # gpt_s, sovits_s, prosody_hit, audio_hit
+    timings: dict[str, float] = field(default_factory=dict[str, float])  # gpt_s, sovits_s, prosody_hit, audio_hit
 
     def to_int16(self) -> np.ndarray:
         """``[N]`` int16 (:func:`to_pcm16`)."""

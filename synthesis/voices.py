@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import soundfile as sf
+import soundfile as sf  # pyright: ignore[reportMissingTypeStubs]  # untyped; its source gives the types
 
 from engines import SAMPLE_RATE, SpeechError, VoicePrompt
 from synthesis.audio import Reference
@@ -481,7 +481,7 @@ def _write_prompt(path: Path, prompt: VoicePrompt) -> None:
     if prompt.sv_emb is not None:
         arrays["sv_emb"] = np.asarray(prompt.sv_emb, np.float32)
     with open(path, "wb") as f:
-        np.savez_compressed(f, **arrays)
+        np.savez_compressed(f, allow_pickle=False, **arrays)  # numbers only: nothing to pickle
         f.flush()
         os.fsync(f.fileno())
 

@@ -64,7 +64,7 @@ class Voicing:
         nothing is stored without it. ``voice_id``: the id reserved for it (a new one when None). Returns the voice
         and the clip's warnings.
         """
-        report = progress or (lambda stage, frac: None)
+        report: Callable[[str, float], None] = progress or (lambda stage, frac: None)
         check_name(name)  # a name the store would refuse is refused before any decoding or encoding
         report("decoding", 0.0)
         lim = self.limits

@@ -52,7 +52,7 @@ def normalize(text: str) -> str:
     """
     if re.search(r"\d", text):
         text = _prepare_numbers(text)
-        import cn2an
+        import cn2an  # pyright: ignore[reportMissingTypeStubs]  # untyped; its source gives the types
 
         try:
             text = cn2an.transform(text, "an2cn")
@@ -87,10 +87,10 @@ def _prepare_numbers(text: str) -> str:
 @lru_cache(maxsize=1)
 def _posseg() -> Any:
     """jieba's POS segmenter, loaded on first use (about half a second)."""
-    import jieba
-    import jieba.posseg
+    import jieba  # pyright: ignore[reportMissingTypeStubs]  # untyped; its source gives the types
+    import jieba.posseg  # pyright: ignore[reportMissingTypeStubs]  # untyped; its source gives the types
 
-    jieba.setLogLevel(logging.WARNING)
+    jieba.setLogLevel(logging.WARNING)  # pyright: ignore[reportUnknownMemberType]  # untyped parameter
     return jieba.posseg
 
 
@@ -98,7 +98,9 @@ def _pinyin(word: str) -> list[str]:
     """TONE3 pinyin (``v`` for ü, 5 = neutral) per character of a CJK word."""
     from pypinyin import Style, lazy_pinyin
 
-    out = lazy_pinyin(word, style=Style.TONE3, neutral_tone_with_five=True, errors=lambda s: [""] * len(s))
+    # (pypinyin's stub types errors= as returning a str; a list, one entry per character, is what it handles here)
+    out = lazy_pinyin(word, style=Style.TONE3, neutral_tone_with_five=True,
+                      errors=lambda s: [""] * len(s))  # pyright: ignore[reportArgumentType]
     return out if len(out) == len(word) else [""] * len(word)
 
 

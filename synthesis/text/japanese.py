@@ -71,7 +71,7 @@ def g2p(norm_text: str) -> list[str]:
     """
     text = norm_text.lower()  # upstream lowers Latin letters before OpenJTalk
     runs = _MARK_RE.split(text)
-    marks = _MARK_RE.findall(text)
+    marks: list[str] = _MARK_RE.findall(text)
     phones: list[str] = []
     for i, run in enumerate(runs):
         if run:
