@@ -79,15 +79,20 @@ class SamplingParams:
     def __post_init__(self) -> None:
         # Checked here, at the door, so that a bad value fails its own request with a clear message instead of
         # failing inside a running decode batch (where it would take every request in the batch down with it).
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 1:
+        if not _whole(self.top_k) or self.top_k < 1:
             raise ValueError(f"top_k must be a whole number >= 1, got {self.top_k!r}")
         _check_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _check_range("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
         _check_range("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True)
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))):
+        if self.seed is not None and not _whole(self.seed):
             raise ValueError(f"seed must be a whole number or None, got {self.seed!r}")
-        if isinstance(self.early_stop_num, bool) or not isinstance(self.early_stop_num, (int, np.integer)):
+        if not _whole(self.early_stop_num):
             raise ValueError(f"early_stop_num must be a whole number, got {self.early_stop_num!r}")
+
+
+def _whole(value: object) -> bool:
+    """An int or numpy integer, not a bool (``object``: the declared type is not trusted at the door)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _check_range(name: str, value: object, lo: float, hi: float, *, low_open: bool = False) -> None:
@@ -126,11 +131,17 @@ StopFlag = Callable[[int], bool]
 class ModelPaths(Protocol):
     """Where a model set's files are (``bot.config.ModelsConfig`` satisfies it)."""
 
-    gpt: Path
-    sovits: Path
-    hubert: Path
-    bert: Path
-    sv: Path  # the speaker-verification model; read only when the SoVITS is v2Pro/v2ProPlus
+    # read-only properties, so that a frozen dataclass (the config) satisfies it
+    @property
+    def gpt(self) -> Path: ...
+    @property
+    def sovits(self) -> Path: ...
+    @property
+    def hubert(self) -> Path: ...
+    @property
+    def bert(self) -> Path: ...
+    @property
+    def sv(self) -> Path: ...  # the speaker-verification model; read only when the SoVITS is v2Pro/v2ProPlus
 
 
 class SemanticBatch(Protocol):

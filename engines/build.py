@@ -59,7 +59,7 @@ def build_engines(engine_cfg: EngineSettings, models_cfg: ModelPaths, backend: s
     if backend == "onnx":
         return produced
     try:
-        import tensorrt  # noqa: F401
+        import tensorrt  # noqa: F401  # pyright: ignore[reportMissingImports, reportUnusedImport]  # (the gpu extra)
     except ImportError:
         msg = (f"TensorRT is not installed, so no TensorRT engines were built (the ONNX graphs are ready in {folder} "
                "and run with engine.backend: onnx). To build engines: on a machine with an NVIDIA GPU and CUDA 12, "

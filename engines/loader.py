@@ -16,15 +16,26 @@ BACKENDS = ("torch", "onnx", "tensorrt")
 
 
 class EngineSettings(Protocol):
-    backend: str
-    device: str
-    precision: str
-    threads: int
-    max_batch: int
-    cuda_graphs: bool
-    onnx_dir: Path
-    tensorrt_dir: Path
-    tensorrt_workspace_mb: int
+    """The engine options (``bot.config.EngineConfig`` satisfies it); read-only, as a frozen dataclass is."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def max_batch(self) -> int: ...
+    @property
+    def cuda_graphs(self) -> bool: ...
+    @property
+    def onnx_dir(self) -> Path: ...
+    @property
+    def tensorrt_dir(self) -> Path: ...
+    @property
+    def tensorrt_workspace_mb(self) -> int: ...
 
 
 

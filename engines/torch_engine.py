@@ -142,7 +142,7 @@ class TorchEngine:
             ssl = self.encoders.hubert().encode(wav16k)  # [1, 768, T50]
             codes = self.sovits.extract_latent(ssl.to(self._sovits_dtype))  # [1, 1, T25]
             tokens = codes[0, 0].cpu().numpy().astype(np.int64)
-        ges = []
+        ges: list[torch.Tensor] = []
         for wav, sv in zip(refs32k, svs):
             spec = reference_spec_input(np.asarray(wav, np.float32))  # [1, 1025, frames]
             ges.append(self.sovits.ref_style(spec.to(self.device), sv))

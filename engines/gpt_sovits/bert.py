@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 import torch
@@ -59,9 +59,12 @@ class BertFeaturizer:
             raise EngineError(f"BERT model folder {folder} is missing or has no config.json; {DOWNLOAD_HINT}.")
         from transformers import AutoModelForMaskedLM, AutoTokenizer  # imported here: slow to import
 
+        # (the Auto classes' from_pretrained is untyped: the tokenizer and the BertModel are used as Any)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-            model = AutoModelForMaskedLM.from_pretrained(str(folder), local_files_only=True, dtype=dtype).base_model
+            tokenizer = cast(Any, AutoTokenizer.from_pretrained(  # pyright: ignore[reportUnknownMemberType]
+                str(folder), local_files_only=True))
+            model = cast(Any, AutoModelForMaskedLM.from_pretrained(  # pyright: ignore[reportUnknownMemberType]
+                str(folder), local_files_only=True, dtype=dtype)).base_model
         except (OSError, ValueError, RuntimeError) as e:
             raise EngineError(f"BERT model in {folder} cannot be loaded ({e}); {DOWNLOAD_HINT}.") from e
         n_layers = len(model.encoder.layer)

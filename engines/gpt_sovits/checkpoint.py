@@ -24,7 +24,7 @@ import pickle
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Sequence, TypeGuard, cast
 
 import torch
 
@@ -141,13 +141,13 @@ def load_gpt_checkpoint(path: str | os.PathLike[str]) -> GptCheckpoint:
     """
     path = Path(path)
     obj = _load_torch_file(path, kind="GPT")
-    if not isinstance(obj, dict):
+    if not is_dict(obj):
         raise ModelFormatError(f"{path}: not a GPT-SoVITS GPT checkpoint (top level is {type(obj).__name__}).")
     weights = obj.get("weight")
     if weights is None:
         weights = obj.get("state_dict")  # a raw Lightning training checkpoint
     config = obj.get("config")
-    if not isinstance(weights, dict) or not isinstance(config, dict):
+    if not is_dict(weights) or not is_dict(config):
         if isinstance(config, HParams) or _looks_like_sovits(weights):
             raise ModelFormatError(
                 f"{path}: this is a SoVITS model (.pth), not a GPT model (.ckpt); "
@@ -157,7 +157,7 @@ def load_gpt_checkpoint(path: str | os.PathLike[str]) -> GptCheckpoint:
             f"{path}: not a GPT-SoVITS GPT checkpoint (expected 'weight' and 'config' entries, found {sorted(obj)})."
         )
     model_cfg = config.get("model")
-    if not isinstance(model_cfg, dict):
+    if not is_dict(model_cfg):
         raise ModelFormatError(
             f"{path}: GPT checkpoint has no 'model' section in its config; "
             f"re-export it with GPT-SoVITS."
@@ -205,10 +205,10 @@ def load_sovits_checkpoint(path: str | os.PathLike[str]) -> SovitsCheckpoint:
     path = Path(path)
     tag = _version_tag(path)
     obj = _load_torch_file(path, kind="SoVITS")
-    if not isinstance(obj, dict):
+    if not is_dict(obj):
         raise ModelFormatError(f"{path}: not a GPT-SoVITS SoVITS checkpoint (top level is {type(obj).__name__}).")
     weights = obj.get("weight")
-    if not isinstance(weights, dict):
+    if not is_dict(weights):
         raise ModelFormatError(
             f"{path}: not a GPT-SoVITS SoVITS checkpoint (expected a 'weight' entry, found {sorted(map(str, obj))})."
         )
@@ -235,7 +235,7 @@ def load_sovits_checkpoint(path: str | os.PathLike[str]) -> SovitsCheckpoint:
             f"{path}: SoVITS text embedding has {emb.shape[0]} symbols, expected {V2_SYMBOLS} (v2); use a v2 model."
         )
     config = _to_plain(obj.get("config", {}))
-    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+    if not is_dict(config) or not is_dict(config.get("model")):
         raise ModelFormatError(
             f"{path}: SoVITS checkpoint has no 'model' section in its config; "
             f"re-export it with GPT-SoVITS."
@@ -277,12 +277,12 @@ def load_sv_checkpoint(path: str | os.PathLike[str]) -> SvCheckpoint:
     """
     path = Path(path)
     obj: Any = _load_torch_file(path, kind="speaker-verification (SV)")
-    if isinstance(obj, dict) and isinstance(obj.get("weight"), dict):  # a GPT or SoVITS file body
+    if is_dict(obj) and is_dict(obj.get("weight")):  # a GPT or SoVITS file body
         raise ModelFormatError(f"{path}: this is a GPT-SoVITS model, not the speaker-verification model; "
                                "point models.sv at sv/pretrained_eres2netv2w24s4ep4.ckpt.")
-    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+    if is_dict(obj) and is_dict(obj.get("state_dict")):
         obj = obj["state_dict"]  # a training checkpoint wrapping the weights
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+    if not is_dict(obj) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise ModelFormatError(
             f"{path}: not a speaker-verification model (expected a state dict of tensors, found "
             f"{type(obj).__name__}); download sv/pretrained_eres2netv2w24s4ep4.ckpt again."
@@ -442,6 +442,11 @@ def _unsafe_globals(path: Path, head: bytes) -> list[str]:
         return []
 
 
+def is_dict(value: object) -> TypeGuard[dict[Any, Any]]:
+    """``isinstance(value, dict)``, for the untyped contents of an unpickled checkpoint (keys and values: Any)."""
+    return isinstance(value, dict)
+
+
 def _strip_prefix(name: str) -> str:
     """Drop the Lightning module prefix ``model.`` from a GPT parameter name."""
     return name[len("model.") :] if name.startswith("model.") else name
@@ -449,15 +454,15 @@ def _strip_prefix(name: str) -> str:
 
 def _looks_like_sovits(weights: object) -> bool:
     """True if a weight dict has SoVITS parameter names."""
-    return isinstance(weights, dict) and any(str(k).startswith("enc_p.") for k in weights)
+    return is_dict(weights) and any(str(k).startswith("enc_p.") for k in weights)
 
 
 def _to_plain(value: Any) -> Any:
     """Turn HParams and OrderedDicts into nested plain dicts/lists."""
     if isinstance(value, HParams):
         value = value.__dict__
-    if isinstance(value, dict):
+    if is_dict(value):
         return {str(k): _to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_to_plain(v) for v in value]
+        return [_to_plain(v) for v in cast("Sequence[Any]", value)]
     return value

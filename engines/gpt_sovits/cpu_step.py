@@ -132,6 +132,13 @@ def unavailable_reason() -> str | None:
     return _reason
 
 
+# one layer's parameters as FusedStep takes them
+LayerParams = tuple[
+    list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]],  # the four linears' (weight, scale or None, bias)
+    list[tuple[torch.Tensor, torch.Tensor]],  # the two norms' (weight, bias)
+]
+
+
 class FusedStep:
     """The decode layers of one :class:`~engines.gpt_sovits.gpt.Text2SemanticModel` as one C call.
 
@@ -151,8 +158,7 @@ class FusedStep:
     (:meth:`set_threads`); a call made while another call holds the team runs on its own thread.
     """
 
-    def __init__(self, lib: ctypes.CDLL, layers: list[tuple[list[tuple[torch.Tensor, torch.Tensor | None,
-                 torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]], kv: list[torch.Tensor],
+    def __init__(self, lib: ctypes.CDLL, layers: list[LayerParams], kv: list[torch.Tensor],
                  head: torch.Tensor, *, dim: int, heads: int, ffn: int, eps: float) -> None:
         self.lib = lib
         self.dim, self.heads, self.ffn, self.eps = dim, heads, ffn, eps
@@ -203,6 +209,8 @@ class FusedStep:
                                        positions.data_ptr(), self.slots, self.max_len, self.eps,
                                        self._scratch.data_ptr(), self.head.data_ptr(), self.vocab, logits.data_ptr())
         if rc:
-            raise ValueError(f"fused step refused its arguments (rows {b}, slots {slots.tolist()}, positions "
-                             f"{positions.tolist()}, cache {self.slots}x{self.max_len})")
+            # (torch's stub types tolist() as a bare list)
+            shown: list[object] = [t.tolist() for t in (slots, positions)]  # pyright: ignore[reportUnknownMemberType]
+            raise ValueError(f"fused step refused its arguments (rows {b}, slots {shown[0]}, positions "
+                             f"{shown[1]}, cache {self.slots}x{self.max_len})")
         return logits

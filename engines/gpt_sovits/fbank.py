@@ -95,7 +95,8 @@ def fbank(wav16k: Tensor) -> Tensor:
     frames = frames - frames.mean(dim=-1, keepdim=True)
     prev = torch.cat([frames[..., :1], frames[..., :-1]], dim=-1)
     frames = (frames - PREEMPH * prev) * window
-    spectrum = cast(Tensor, torch.fft.rfft(frames, n=N_FFT))  # [B, T, 257] complex (torch.fft has no stubs)
+    # [B, T, 257] complex (torch.fft has no type information)
+    spectrum = cast(Tensor, torch.fft.rfft(frames, n=N_FFT))  # pyright: ignore[reportUnknownMemberType]
     power = spectrum.abs().pow(2)
     energies = torch.matmul(power, banks)  # [B, T, 80]
     eps = torch.finfo(torch.float32).eps  # Kaldi/torchaudio floor the energies at float32 epsilon

@@ -18,7 +18,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 import dataclasses
-from typing import Callable, Hashable, Protocol, Sequence
+from typing import Any, Callable, Generic, Hashable, Protocol, Sequence, TypeVar, cast
 
 import numpy as np
 import torch
@@ -38,7 +38,8 @@ _LEN_ROUND = 256  # generate(): cache length rounded up to this many positions (
 
 MAX_CONTEXT = 2048  # KV positions per slot: prompt phones + text + prompt tokens + generated tokens
 
-TokenHook = Callable[[Hashable, np.ndarray], None]
+RequestId = TypeVar("RequestId", bound=Hashable)  # what a BatchDecoder's caller names its requests by
+TokenHook = Callable[[RequestId, np.ndarray], None]
 
 
 class DecodeModel(Protocol):
@@ -62,10 +63,10 @@ class DecodeModel(Protocol):
 
 
 @dataclass
-class _Row:
+class _Row(Generic[RequestId]):
     """Host-side bookkeeping of one active request."""
 
-    request_id: Hashable
+    request_id: RequestId
     slot: int
     prefix_len: int  # Tx + Tp: cache positions filled by the prefill
     ref_free: bool  # no prompt tokens: upstream returns every generated token
@@ -76,7 +77,7 @@ class _Row:
     sent: int = 0  # tokens already handed to on_chunk
 
 
-class BatchDecoder:
+class BatchDecoder(Generic[RequestId]):
     """Continuous-batching decoder over a GPT's static KV cache (a :class:`DecodeModel`).
 
     Parameters
@@ -99,7 +100,7 @@ class BatchDecoder:
         model: DecodeModel,
         max_slots: int,
         max_len: int,
-        on_chunk: TokenHook | None = None,
+        on_chunk: TokenHook[RequestId] | None = None,
         sync_every: int = SYNC_EVERY,
         bucket_rows: bool = False,
     ) -> None:
@@ -111,7 +112,7 @@ class BatchDecoder:
         with torch.inference_mode():
             model.setup_caches(max_slots, max_len)
             dev, v = model.device, model.config.vocab
-            long = dict(dtype=torch.long, device=dev)
+            long: dict[str, Any] = dict(dtype=torch.long, device=dev)
             self.tokens = torch.zeros(max_slots, MAX_DECODE_STEPS + 1, **long)  # [slots, 1501]; last col scratch
             self.seen = torch.zeros(max_slots, v, dtype=torch.bool, device=dev)  # [slots, V] repetition mask
             self.next_token = torch.zeros(max_slots, **long)  # [slots] token fed to the next decode
@@ -123,15 +124,15 @@ class BatchDecoder:
         # What step() calls for one decode: (rows, kv_len) -> None. The torch engine may swap in a function that
         # replays a CUDA graph captured from graphable_step for that (rows, kv_len) bucket.
         self.run_step: Callable[[int, int], None] = self.graphable_step
-        self._rows: dict[int, _Row] = {}  # slot -> row
-        self._slot_of: dict[Hashable, int] = {}
+        self._rows: dict[int, _Row[RequestId]] = {}  # slot -> row
+        self._slot_of: dict[RequestId, int] = {}
         self._since_sync = 0
         self._max_top_k, self._use_top_p = 1, False
 
     # ------------------------------------------------------------------ public API
 
     @property
-    def active(self) -> tuple[Hashable, ...]:
+    def active(self) -> tuple[RequestId, ...]:
         """Request ids in flight (added, not yet returned by :meth:`step` nor cancelled)."""
         return tuple(r.request_id for r in self._rows.values())
 
@@ -143,7 +144,7 @@ class BatchDecoder:
     @torch.inference_mode()
     def add(
         self,
-        request_id: Hashable,
+        request_id: RequestId,
         phones: np.ndarray,
         bert: np.ndarray,
         prompt_tokens: np.ndarray,
@@ -200,7 +201,7 @@ class BatchDecoder:
         row.steps = 1
 
     @torch.inference_mode()
-    def step(self) -> list[tuple[Hashable, np.ndarray]]:
+    def step(self) -> list[tuple[RequestId, np.ndarray]]:
         """Decode one token for every running row; returns the requests that finished, with their new tokens."""
         running = [r for r in self._rows.values() if r.steps <= r.last_step]
         if running:
@@ -223,7 +224,7 @@ class BatchDecoder:
         return []
 
     @torch.inference_mode()
-    def cancel(self, request_id: Hashable) -> bool:
+    def cancel(self, request_id: RequestId) -> bool:
         """Drop a request now (its slot is free at once); returns False if it was not active."""
         slot = self._slot_of.pop(request_id, None)
         if slot is None:
@@ -260,11 +261,12 @@ class BatchDecoder:
         self.next_token[sl] = tok
         steps += live
 
-    def _sync(self) -> list[tuple[Hashable, np.ndarray]]:
+    def _sync(self) -> list[tuple[RequestId, np.ndarray]]:
         """Read EOS flags (one host sync), feed on_chunk, and return and free the finished rows."""
         self._since_sync = 0
-        eos_at = self.eos_at.tolist()
-        ends = {}  # slot -> (end of valid tokens, finished)
+        # (torch's stub types tolist() as a bare list)
+        eos_at = cast(list[int], self.eos_at.tolist())  # pyright: ignore[reportUnknownMemberType]
+        ends: dict[int, tuple[int, bool]] = {}  # slot -> (end of valid tokens, finished)
         for slot, r in self._rows.items():
             e = eos_at[slot]
             if e >= 0:
@@ -276,7 +278,7 @@ class BatchDecoder:
             return []
         width = max(ends[s][0] for s in need)
         host = self.tokens[: max(need) + 1, :width].cpu().numpy()
-        finished: list[tuple[Hashable, np.ndarray]] = []
+        finished: list[tuple[RequestId, np.ndarray]] = []
         for slot in need:
             r, (end, done) = self._rows[slot], ends[slot]
             gen = host[slot, :end]
@@ -318,7 +320,7 @@ class CudaGraphStep:
     the KV bucket), so the number of graphs stays small.
     """
 
-    def __init__(self, decoder: BatchDecoder) -> None:
+    def __init__(self, decoder: BatchDecoder[Any]) -> None:
         self.decoder = decoder
         self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}
         self.replays = 0
@@ -387,7 +389,7 @@ class SlotBatch:
     """The engines' :class:`~engines.base.SemanticBatch`: requests in, a :class:`BatchDecoder` under it; each request's
     step cap is clamped to what its cache row holds, so every backend admits and cuts requests identically."""
 
-    def __init__(self, decoder: BatchDecoder) -> None:
+    def __init__(self, decoder: BatchDecoder[int]) -> None:
         self._decoder = decoder
 
     @property

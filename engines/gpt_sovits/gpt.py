@@ -29,7 +29,7 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,13 @@ from engines.gpt_sovits import cpu_step
 from engines.gpt_sovits.checkpoint import GptCheckpoint
 
 log = logging.getLogger(__name__)
+
+# torch's dynamic-int8 linear params: a TorchScript class, which TorchScript reads from _decode_layers' annotation
+# (torch.classes has no type information, so the checker sees Any)
+if TYPE_CHECKING:
+    _PackedParams = Any
+else:
+    _PackedParams = torch.classes.quantized.LinearPackedParamsBase
 
 __all__ = ["GptConfig", "Text2SemanticModel", "build_random_gpt", "KV_BUCKET"]
 
@@ -125,7 +132,7 @@ class _Attention(nn.Module):
         self.out_proj = nn.Linear(dim, dim)
 
 
-class _Block(nn.Module):
+class Block(nn.Module):
     """One post-LN transformer layer's parameters."""
 
     def __init__(self, dim: int, ffn: int) -> None:
@@ -142,7 +149,12 @@ class _Stack(nn.Module):
 
     def __init__(self, cfg: GptConfig) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(_Block(cfg.dim, cfg.ffn) for _ in range(cfg.layers))
+        self.layers = nn.ModuleList(Block(cfg.dim, cfg.ffn) for _ in range(cfg.layers))
+
+    @property
+    def blocks(self) -> list[Block]:
+        """``layers`` as the blocks they are (to a type checker a ModuleList holds plain Modules)."""
+        return [cast(Block, blk) for blk in self.layers]
 
 
 class Text2SemanticModel(nn.Module):
@@ -167,7 +179,7 @@ class Text2SemanticModel(nn.Module):
         self.ar_text_position = _Position()
         self.ar_audio_embedding = _TokenEmbedding(config.vocab, d)
         self.ar_audio_position = _Position()
-        self.h = _Stack(config)
+        self.h: _Stack = _Stack(config)
         self.ar_predict_layer = nn.Linear(d, config.vocab, bias=False)
         self.register_buffer("pe", _sine_table(PE_POSITIONS, d), persistent=False)  # [P, D] fp32
         self.compute_dtype = torch.float32  # dtype of the transformer's linear weights
@@ -184,8 +196,8 @@ class Text2SemanticModel(nn.Module):
         self._rows = torch.zeros(0, dtype=torch.long)  # [slots] 0..slots-1, to address rows without host work
         self._cols = torch.zeros(0, dtype=torch.long)  # [max_len] 0..max_len-1, for length masks
         self._kv_base = torch.zeros(0, dtype=torch.long)  # [2, H] flat cache offsets, see setup_caches
-        self.max_slots = 0
-        self.max_len = 0
+        self.max_slots: int = 0
+        self.max_len: int = 0
 
     @property
     def device(self) -> torch.device:
@@ -242,7 +254,7 @@ class Text2SemanticModel(nn.Module):
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise ValueError(f"the GPT runs in fp32, fp16 or bf16, got {dtype}")
         self.to(device=device, dtype=torch.float32)
-        for blk in self.h.layers:
+        for blk in self.h.blocks:
             for lin in (blk.self_attn.in_proj, blk.self_attn.out_proj, blk.linear1, blk.linear2):
                 lin.to(dtype=dtype)
         self.compute_dtype = self.cache_dtype = dtype
@@ -265,7 +277,7 @@ class Text2SemanticModel(nn.Module):
         if self.pe.device.type != "cpu":
             raise ValueError("int8 quantisation is a CPU path; move the model to CPU first.")
         if self.use_fused and cpu_step.load_library() is not None:
-            for blk in self.h.layers:
+            for blk in self.h.blocks:
                 for lin in (blk.self_attn.in_proj, blk.self_attn.out_proj, blk.linear1, blk.linear2):
                     w = lin.weight.detach().float()
                     scale = (w.abs().amax(dim=1) / 127).clamp_(min=1e-12)  # [out]
@@ -274,10 +286,14 @@ class Text2SemanticModel(nn.Module):
                     lin.register_buffer("weight_scale", scale)
         else:
             log.info("int8 without the fused CPU step (%s): torch's dynamic int8", cpu_step.unavailable_reason())
-            qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+            from torch.ao.quantization.qconfig import per_channel_dynamic_qconfig
+
             with warnings.catch_warnings():  # torch marks eager quantisation deprecated in favour of torchao
                 warnings.simplefilter("ignore")
-                self.h = torch.ao.quantization.quantize_dynamic(self.h, {nn.Linear: qconfig}, dtype=torch.qint8)
+                # a copy of the stack with its linears swapped (so still a _Stack); deprecated as said above, and
+                # its signature is untyped
+                self.h = cast(_Stack, torch.ao.quantization.quantize_dynamic(  # pyright: ignore[reportDeprecated, reportUnknownMemberType]
+                    self.h, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8))
         self.quantized = True
         self.cache_dtype = torch.bfloat16
         self.kv, self._fused = [], None  # the next setup_caches allocates the bf16 cache
@@ -287,7 +303,7 @@ class Text2SemanticModel(nn.Module):
     @property
     def int8_weights(self) -> bool:
         """int8 weights read by the fused step (``quantize_int8`` where that step runs)."""
-        weight = self.h.layers[0].linear1.weight  # a method on torch's dynamic int8 linears
+        weight: object = getattr(self.h.blocks[0].linear1, "weight")  # on torch's dynamic int8 linears a method
         return isinstance(weight, torch.Tensor) and weight.dtype == torch.int8
 
     # ------------------------------------------------------------------ cache
@@ -348,8 +364,8 @@ class Text2SemanticModel(nn.Module):
         if lib is None:
             log.info("the GPT decodes with the TorchScript step: %s", cpu_step.unavailable_reason())
             return None
-        layers = []
-        for blk in self.h.layers:
+        layers: list[cpu_step.LayerParams] = []
+        for blk in self.h.blocks:
             lins = (blk.self_attn.in_proj, blk.self_attn.out_proj, blk.linear1, blk.linear2)
             layers.append(([(lin.weight.detach(), getattr(lin, "weight_scale", None), lin.bias.detach())
                             for lin in lins],
@@ -367,12 +383,12 @@ class Text2SemanticModel(nn.Module):
         """
         weights: list[torch.Tensor] = []
         packed: list[Any] = []
-        for blk in self.h.layers:
+        for blk in self.h.blocks:
             lins = (blk.self_attn.in_proj, blk.self_attn.out_proj, blk.linear1, blk.linear2)
             if self.quantized and not self.int8_weights:
-                packed.extend(lin._packed_params._packed_params for lin in lins)
+                packed.extend(_packed_params(lin) for lin in lins)
             elif self.quantized:
-                weights.extend(t for lin in lins for t in (lin.weight.float() * lin.weight_scale[:, None], lin.bias))
+                weights.extend(t for lin in lins for t in (lin.weight.float() * _weight_scale(lin)[:, None], lin.bias))
             else:
                 weights.extend(t for lin in lins for t in (lin.weight, lin.bias))
             weights.extend((blk.norm1.weight, blk.norm1.bias, blk.norm2.weight, blk.norm2.bias))
@@ -399,11 +415,12 @@ class Text2SemanticModel(nn.Module):
     @staticmethod
     def _linear(lin: nn.Linear | nn.Module, x: torch.Tensor) -> torch.Tensor:
         """``lin(x)``, also for the fused step's int8 weights (scaled after the product: no fp32 weight copy)."""
-        if isinstance(lin.weight, torch.Tensor) and lin.weight.dtype == torch.int8:
-            return torch.addcmul(lin.bias, F.linear(x, lin.weight.to(x.dtype)), lin.weight_scale)
+        weight = lin.weight
+        if isinstance(weight, torch.Tensor) and weight.dtype == torch.int8:
+            return torch.addcmul(cast(torch.Tensor, lin.bias), F.linear(x, weight.to(x.dtype)), _weight_scale(lin))
         return lin(x)
 
-    def _ffn(self, blk: _Block, x: torch.Tensor) -> torch.Tensor:
+    def _ffn(self, blk: Block, x: torch.Tensor) -> torch.Tensor:
         """ReLU MLP in the compute dtype; ``x`` is the fp32 residual stream."""
         return self._linear(blk.linear2, F.relu(self._linear(blk.linear1, x.to(self.compute_dtype))))
 
@@ -439,7 +456,7 @@ class Text2SemanticModel(nn.Module):
         cfg = self.config
         h = x  # [1, S, D] fp32 residual stream
         n_layers = len(self.h.layers)
-        for i, blk in enumerate(self.h.layers):
+        for i, blk in enumerate(self.h.blocks):
             qkv = self._linear(blk.self_attn.in_proj, h.to(self.compute_dtype))  # [1, S, 3D]
             q, k, v = qkv.view(s, 3, cfg.heads, cfg.head_dim).permute(1, 2, 0, 3).unbind(0)  # [H, S, hd] each
             self.kv[i][0, slot, :, :s] = k
@@ -515,9 +532,19 @@ def _kv_layout(k: torch.Tensor, v: torch.Tensor, kv_len: int, bmm: bool) -> tupl
     return k.view(bh, kv_len, hd).transpose(1, 2), v.view(bh, kv_len, hd)  # [B*H, hd, kv_len], [B*H, kv_len, hd]
 
 
+def _weight_scale(lin: nn.Module) -> torch.Tensor:
+    """The ``[out]`` fp32 scale of a linear with the fused step's int8 weights (a buffer quantize_int8 adds)."""
+    return cast(torch.Tensor, lin.weight_scale)
+
+
+def _packed_params(lin: nn.Module) -> _PackedParams:
+    """A torch dynamic-int8 linear's packed weight and bias (kept in a private wrapper module)."""
+    return getattr(lin, "_packed_params")._packed_params
+
+
 def _decode_layers(
     h: torch.Tensor, write_at: torch.Tensor, mask: torch.Tensor, kv: list[torch.Tensor], views: list[torch.Tensor],
-    weights: list[torch.Tensor], packed: list[torch.classes.quantized.LinearPackedParamsBase],
+    weights: list[torch.Tensor], packed: list[_PackedParams],
     slots: torch.Tensor | None, kv_len: int, heads: int, bmm: bool, eps: float,
 ) -> torch.Tensor:
     """The transformer layers of one decode step: ``[B, D]`` fp32 residual stream in and out.
@@ -578,7 +605,7 @@ def _scripted_layers() -> Any:
     with warnings.catch_warnings():  # torch 2.13 marks TorchScript deprecated; it is still the fastest CPU path
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
-            return torch.jit.script(_decode_layers)
+            return torch.jit.script(_decode_layers)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]  # untyped overloads
         except Exception as e:  # noqa: BLE001 - any failure of the compiler leaves the Python loop, which works
             log.warning("TorchScript could not compile the GPT layer loop (%s: %s); it runs as Python, up to 1.5x "
                         "slower per step on a CPU", type(e).__name__, e)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from engines.base import MAX_DECODE_STEPS, SamplingParams
-from engines.gpt_sovits.gpt import Text2SemanticModel
+from engines.gpt_sovits.gpt import Block, Text2SemanticModel
 from engines.gpt_sovits.sampling import MIN_STEPS_BEFORE_EOS, MIN_TEMPERATURE
 
 __all__ = ["naive_generate"]
@@ -47,7 +47,7 @@ def naive_generate(
     dev = model.device
     gen = torch.Generator(device=dev)
     gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-    layers = [_layer_weights(blk) for blk in model.h.layers]
+    layers = [_layer_weights(blk) for blk in model.h.blocks]
     head_w = model.ar_predict_layer.weight
     pe = model.pe
 
@@ -111,7 +111,7 @@ def naive_generate(
     return y[0, -idx:].cpu().numpy().astype(np.int64)
 
 
-def _layer_weights(blk: torch.nn.Module) -> dict[str, torch.Tensor]:
+def _layer_weights(blk: Block) -> dict[str, torch.Tensor]:
     """One layer's tensors, fp32."""
     a = blk.self_attn
     return {

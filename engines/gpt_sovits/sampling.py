@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -44,7 +45,9 @@ def logits_to_probs(
     seen = torch.zeros(b, v, dtype=torch.bool, device=logits.device)
     if previous_tokens is not None and previous_tokens.numel():
         seen.scatter_(1, previous_tokens.long(), True)
-    full = lambda x, dt: torch.full((b,), x, dtype=dt, device=logits.device)  # noqa: E731
+    def full(x: float, dt: torch.dtype) -> torch.Tensor:
+        return torch.full((b,), x, dtype=dt, device=logits.device)
+
     _, filtered = _filter(
         logits.float(), seen, full(top_k, torch.long), full(top_p, torch.float32), full(temperature, torch.float32),
         full(repetition_penalty, torch.float32), max_top_k=top_k, use_top_p=top_p < 1.0,
@@ -65,7 +68,9 @@ class SamplerState:
     @classmethod
     def allocate(cls, rows: int, device: torch.device | str) -> SamplerState:
         """Buffers for ``rows`` rows, filled with upstream's defaults (those of :class:`SamplingParams`)."""
-        z = lambda dt, x: torch.full((rows,), x, dtype=dt, device=device)  # noqa: E731
+        def z(dt: torch.dtype, x: float) -> torch.Tensor:
+            return torch.full((rows,), x, dtype=dt, device=device)
+
         d = SamplingParams()
         return cls(z(torch.long, d.top_k), z(torch.float32, d.top_p), z(torch.float32, d.temperature),
                    z(torch.float32, d.repetition_penalty), z(torch.long, 0))
@@ -162,13 +167,16 @@ def _col_ids(x: torch.Tensor) -> torch.Tensor:
     return torch.arange(x.shape[1], device=x.device)
 
 
-def _mul32(x: torch.Tensor | int, c: int) -> torch.Tensor | int:
+_Int = TypeVar("_Int", torch.Tensor, int)  # _mix and _mul32 work on either, and return the same kind
+
+
+def _mul32(x: _Int, c: int) -> _Int:
     """``x * c mod 2**32`` for 32-bit ``x`` without int64 overflow (16-bit split of the constant)."""
     lo, hi = c & 0xFFFF, c >> 16
     return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
 
 
-def _mix(x):  # type: ignore[no-untyped-def]
+def _mix(x: _Int) -> _Int:
     """A 32-bit integer hash (xorshift-multiply avalanche) on Python ints or int64 tensors holding 32-bit values."""
     x = x & _M32
     x = x ^ (x >> 16)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engines.base import ModelFormatError
-from engines.gpt_sovits.checkpoint import V2PRO_VERSIONS, SovitsCheckpoint
+from engines.gpt_sovits.checkpoint import V2PRO_VERSIONS, SovitsCheckpoint, is_dict
 from engines.gpt_sovits.sovits_modules import (
     Generator,
     MelStyleEncoder,
@@ -97,7 +97,7 @@ class SovitsConfig:
         width is ``sv_emb.weight.shape[1]`` and the MRTE width must equal ``ge_to512``'s output.
         """
         m = config.get("model")
-        if not isinstance(m, dict):
+        if not is_dict(m):
             raise ModelFormatError("SoVITS config has no 'model' section; re-export the model with GPT-SoVITS.")
         try:
             if str(m.get("resblock", "1")) != "1":

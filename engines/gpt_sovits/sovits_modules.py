@@ -11,6 +11,7 @@ unpadded (one utterance per call, as upstream decodes), so upstream's all-ones m
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +57,9 @@ def fold_weight_norm(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
             if g is None:
                 raise KeyError(f"{name} has no matching {stem}.weight_g")
             v = value.float()
-            norm = v.flatten(1).norm(dim=1).view(-1, *([1] * (v.dim() - 1)))
+            # (Tensor.norm's stub leaves its dim parameter untyped)
+            norm = cast(Tensor, v.flatten(1).norm(dim=1))  # pyright: ignore[reportUnknownMemberType]
+            norm = norm.view(-1, *([1] * (v.dim() - 1)))
             out[stem + ".weight"] = g.float() * v / norm
             continue
         out[name] = value
@@ -290,14 +293,14 @@ class ResidualCouplingLayer(nn.Module):
 
     def __init__(self, channels: int, hidden: int, gin_channels: int) -> None:
         super().__init__()
-        self.half = channels // 2
-        self.pre = nn.Conv1d(self.half, hidden, 1)
+        self.half_channels = channels // 2  # (not `half`: that is nn.Module's fp16 method)
+        self.pre = nn.Conv1d(self.half_channels, hidden, 1)
         self.enc = WN(hidden, FLOW_KERNEL, FLOW_WN_LAYERS, gin_channels)
-        self.post = nn.Conv1d(hidden, self.half, 1)
+        self.post = nn.Conv1d(hidden, self.half_channels, 1)
 
     def reverse(self, x: Tensor, g: Tensor) -> Tensor:
         """Inverse pass ``[B, C, T] -> [B, C, T]``."""
-        x0, x1 = x[:, : self.half], x[:, self.half :]
+        x0, x1 = x[:, : self.half_channels], x[:, self.half_channels :]
         m = self.post(self.enc(self.pre(x0), g))
         return torch.cat([x0, x1 - m], dim=1)
 

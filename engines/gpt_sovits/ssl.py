@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -61,7 +62,9 @@ class HubertEncoder:
         from transformers import HubertModel  # imported here: transformers is slow to import
 
         try:
-            model = HubertModel.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
+            # (from_pretrained's type information is incomplete: the model is used as Any)
+            model = cast(Any, HubertModel.from_pretrained(  # pyright: ignore[reportUnknownMemberType]
+                str(folder), local_files_only=True, dtype=dtype))
         except (OSError, ValueError, RuntimeError) as e:
             raise EngineError(f"HuBERT model in {folder} cannot be loaded ({e}); {DOWNLOAD_HINT}.") from e
         if model.config.hidden_size != SSL_DIM:

@@ -24,7 +24,7 @@ import re
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -57,7 +57,7 @@ BRANCH_GAIN = 0.25
 # Logit added to EOS at every step, so random weights stop after a few dozen tokens (tuned by measurement).
 EOS_LOGIT_OFFSET = {"tiny": 2.5, "real": 2.7}
 EOS_ROW_SCALE = 0.3  # the input-dependent part of the EOS logit, kept small so the stop step varies less
-HUBERT_TINY = dict(conv_dim=(32,) * 7, num_hidden_layers=1, intermediate_size=64, num_conv_pos_embeddings=16)
+HUBERT_TINY: dict[str, Any] = dict(conv_dim=(32,) * 7, num_hidden_layers=1, intermediate_size=64, num_conv_pos_embeddings=16)
 BERT_TINY_LAYERS = 2  # hidden_states then has 3 entries, so hidden_states[-3] exists
 BERT_TINY_INTERMEDIATE = 64
 BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -164,7 +164,7 @@ def gpt_state_dict(size: str, seed: int) -> OrderedDict[str, torch.Tensor]:
 
 def _write_gpt(path: Path, size: str, seed: int) -> None:
     """GPT ``.ckpt`` as upstream's ``my_save`` writes it: ``{"weight", "config", "info"}``."""
-    ckpt = OrderedDict(weight=gpt_state_dict(size, seed), config=gpt_config(size), info="GPT-e1")
+    ckpt: OrderedDict[str, Any] = OrderedDict(weight=gpt_state_dict(size, seed), config=gpt_config(size), info="GPT-e1")
     _atomic(path, lambda tmp: torch.save(ckpt, tmp))
 
 
@@ -226,8 +226,9 @@ def sovits_state_dict(size: str, seed: int) -> dict[str, torch.Tensor]:
             if _WEIGHT_NORMED.match(name):
                 stem = name[: -len(".weight")]
                 sd[stem + ".weight_v"] = w
+                norm = cast(torch.Tensor, w.flatten(1).norm(dim=1))  # pyright: ignore[reportUnknownMemberType]
                 sd[stem + ".weight_g"] = (1.0 + 0.1 * torch.randn(shape[0], generator=gen)).view(-1, 1, 1) * (
-                    w.flatten(1).norm(dim=1).view(-1, 1, 1)
+                    norm.view(-1, 1, 1)
                 )
             else:
                 sd[name] = w
@@ -248,7 +249,7 @@ def _write_hubert(folder: Path, seed: int, full: bool) -> None:
     """A ``chinese-hubert-base``-layout folder: 768 wide (ssl_proj needs it), 1 layer unless ``full``."""
     from transformers import HubertConfig, HubertModel, Wav2Vec2FeatureExtractor
 
-    torch.manual_seed(seed)  # transformers initialises weights from the global RNG
+    torch.manual_seed(seed)  # pyright: ignore[reportUnknownMemberType]  # transformers initialises from the global RNG
     config = HubertConfig(hidden_size=SSL_DIM, architectures=["HubertModel"], **({} if full else HUBERT_TINY))
     model = HubertModel(config).eval()
     extractor = Wav2Vec2FeatureExtractor(
@@ -265,14 +266,15 @@ def _bert_vocab() -> list[str]:
 
 def _write_bert(folder: Path, seed: int, full: bool) -> None:
     """A ``chinese-roberta-wwm-ext-large``-layout folder: BertForMaskedLM 1024 wide, 2 layers unless ``full``."""
-    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+    # (transformers 5 keeps BertTokenizerFast as a runtime alias that its type information lacks)
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast  # pyright: ignore[reportAttributeAccessIssue, reportUnknownVariableType]
 
     vocab = _bert_vocab()
-    tokenizer = BertTokenizerFast(
+    tokenizer = BertTokenizerFast(  # pyright: ignore[reportUnknownVariableType]
         vocab={tok: i for i, tok in enumerate(vocab)}, do_lower_case=True, tokenize_chinese_chars=True
     )
-    torch.manual_seed(seed)
-    layers = dict(num_hidden_layers=24, intermediate_size=4096) if full else dict(
+    torch.manual_seed(seed)  # pyright: ignore[reportUnknownMemberType]  # (its seed parameter is untyped)
+    layers: dict[str, Any] = dict(num_hidden_layers=24, intermediate_size=4096) if full else dict(
         num_hidden_layers=BERT_TINY_LAYERS, intermediate_size=BERT_TINY_INTERMEDIATE
     )
     config = BertConfig(
