@@ -35,7 +35,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Generator
 
 import torch
 import torch.nn.functional as F
@@ -96,9 +96,10 @@ class _GptPrefill(nn.Module):
         allowed = (idx[None, :] <= idx[:, None]) | (idx[None, :] < tx)  # [S, S]
         bias = torch.where(allowed, torch.zeros((), device=h.device), torch.full((), -math.inf, device=h.device))
         scale = 1.0 / math.sqrt(cfg.head_dim)
-        keys, values = [], []
+        keys: list[Tensor] = []
+        values: list[Tensor] = []
         n_layers = len(g.h.layers)
-        for i, blk in enumerate(g.h.layers):
+        for i, blk in enumerate(g.h.blocks):
             qkv = blk.self_attn.in_proj(h).reshape(-1, 3, cfg.heads, cfg.head_dim).permute(1, 2, 0, 3)  # [3,H,S,hd]
             q, k, v = qkv[0], qkv[1], qkv[2]
             kt = k.transpose(1, 2)  # [H, hd, S]
@@ -109,8 +110,8 @@ class _GptPrefill(nn.Module):
                 q, h, b = q[:, -1:], h[:, -1:], bias[-1:]
             p = torch.softmax(torch.matmul(q * scale, kt) + b, dim=-1)  # [H, s', S]
             a = torch.matmul(p, v).transpose(0, 1).reshape(1, -1, cfg.dim)  # [1, s', D]
-            h = g._norm(h + blk.self_attn.out_proj(a), blk.norm1)
-            h = g._norm(h + g._ffn(blk, h), blk.norm2)
+            h = g._norm(h + blk.self_attn.out_proj(a), blk.norm1)  # pyright: ignore[reportPrivateUsage]  # the model's own layer maths, traced
+            h = g._norm(h + g._ffn(blk, h), blk.norm2)  # pyright: ignore[reportPrivateUsage]  # the model's own layer maths, traced
         logits = g.ar_predict_layer(h[:, -1])  # [1, V]
         return logits, torch.stack(keys), torch.stack(values)
 
@@ -128,8 +129,9 @@ class _GptStep(nn.Module):
         h = emb.unsqueeze(1)  # [B, 1, D]: 3-D keeps the linears as MatMul (quantisable, TensorRT-friendly)
         scale = 1.0 / math.sqrt(cfg.head_dim)
         bias = kv_bias.unsqueeze(1).unsqueeze(2)  # [B, 1, 1, T]
-        new_k, new_v = [], []
-        for i, blk in enumerate(g.h.layers):
+        new_k: list[Tensor] = []
+        new_v: list[Tensor] = []
+        for i, blk in enumerate(g.h.blocks):
             past_k, past_v = past[2 * i], past[2 * i + 1]  # [B, H, hd, T], [B, H, T, hd]
             qkv = blk.self_attn.in_proj(h).reshape(-1, 3, cfg.heads, cfg.head_dim)  # [B, 3, H, hd]
             q, k, v = qkv[:, 0] * scale, qkv[:, 1], qkv[:, 2]  # [B, H, hd]
@@ -140,8 +142,8 @@ class _GptStep(nn.Module):
             p = torch.softmax(torch.cat([s_cache, s_self], dim=-1), dim=-1)  # [B, H, 1, T+1]
             a = torch.matmul(p[..., :-1], past_v) + p[..., -1:] * v.unsqueeze(2)  # [B, H, 1, hd]
             a = a.reshape(-1, 1, cfg.dim)
-            h = g._norm(h + blk.self_attn.out_proj(a), blk.norm1)
-            h = g._norm(h + g._ffn(blk, h), blk.norm2)
+            h = g._norm(h + blk.self_attn.out_proj(a), blk.norm1)  # pyright: ignore[reportPrivateUsage]  # the model's own layer maths, traced
+            h = g._norm(h + g._ffn(blk, h), blk.norm2)  # pyright: ignore[reportPrivateUsage]  # the model's own layer maths, traced
         logits = g.ar_predict_layer(h).reshape(-1, cfg.vocab)  # [B, V] (a reshape: squeeze exports as an If)
         return logits, torch.stack(new_k), torch.stack(new_v)
 
@@ -211,14 +213,15 @@ def _channel_norm_static(self: sovits_modules.ChannelLayerNorm, x: Tensor) -> Te
 
 
 @contextlib.contextmanager
-def _traceable_sovits() -> Iterator[None]:
+def _traceable_sovits() -> Generator[None, None, None]:
     """During export, make two SoVITS helpers trace with dynamic time axes (same maths).
 
     The relative attention caches its gather indices per Python length, so a trace would bake one length's
     indices in as constants; the channel layer norm reads its size from the input's shape, which the exporter
     cannot turn into LayerNormalization's static attribute.
     """
-    band, norm = sovits_modules._band_indices, sovits_modules.ChannelLayerNorm.forward
+    # (the patch reaches a private helper of the module it patches)
+    band, norm = sovits_modules._band_indices, sovits_modules.ChannelLayerNorm.forward  # pyright: ignore[reportPrivateUsage]
     sovits_modules._band_indices = _band_indices_traced  # type: ignore[assignment]
     sovits_modules.ChannelLayerNorm.forward = _channel_norm_static  # type: ignore[method-assign]
     try:
@@ -236,7 +239,9 @@ def _export(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: lis
     """Trace ``module`` to ``path`` with the TorchScript exporter (no extra dependencies, stable dynamic axes)."""
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about shape arithmetic are expected here
-        torch.onnx.export(module, args, str(path), dynamo=False, input_names=inputs, output_names=outputs,
+        # (torch.onnx.export's parameters are partly untyped)
+        torch.onnx.export(module, args, str(path), dynamo=False,  # pyright: ignore[reportUnknownMemberType]
+                          input_names=inputs, output_names=outputs,
                           dynamic_axes=axes, opset_version=opset, do_constant_folding=True)
 
 
@@ -401,7 +406,7 @@ def quantize_step_int8(folder: str | os.PathLike[str]) -> Path:
         return out
     import onnx
 
-    model = onnx.load(str(folder / "gpt_step.onnx"))
+    model = onnx.load(str(folder / "gpt_step.onnx"))  # pyright: ignore[reportUnknownMemberType]  # (onnx types its path as a bare PathLike)
     weights = {i.name for i in model.graph.initializer}
     # only MatMuls against a weight matrix (the linears), never the attention products nor the output head
     linears = [n.name for n in model.graph.node if n.op_type == "MatMul" and any(x in weights for x in n.input)]
@@ -419,7 +424,8 @@ def quantize_step_int8(folder: str | os.PathLike[str]) -> Path:
 def _consumers_to_output(model: Any, node: Any) -> set[str]:
     """Graph outputs reachable from ``node`` through single-input-chain ops (Squeeze/Reshape/Identity)."""
     outputs = {o.name for o in model.graph.output}
-    names, frontier = set(), list(node.output)
+    names: set[str] = set()
+    frontier = list(node.output)
     passthrough = {"Squeeze", "Reshape", "Identity", "Unsqueeze"}
     while frontier:
         name = frontier.pop()
@@ -438,7 +444,7 @@ def graph_ops(path: str | os.PathLike[str]) -> set[str]:
     """Every operator type in an ONNX file, subgraphs included (``domain::Op`` for non-standard domains)."""
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
+    model = onnx.load(str(path), load_external_data=False)  # pyright: ignore[reportUnknownMemberType]  # (onnx types its path as a bare PathLike)
     ops: set[str] = set()
 
     def visit(graph: Any) -> None:
@@ -486,7 +492,7 @@ def check_graphs(directory: str | os.PathLike[str], names: tuple[str, ...] = GRA
             problems.append(f"{name}: {path} is missing")
             continue
         try:
-            onnx.checker.check_model(str(path), full_check=True)
+            onnx.checker.check_model(str(path), full_check=True)  # pyright: ignore[reportUnknownMemberType]  # (onnx types its path as a bare PathLike)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
             problems.append(f"{name}: onnx.checker: {e}")
         ops = graph_ops(path)

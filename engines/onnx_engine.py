@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +26,12 @@ from engines.gpt_sovits.checkpoint import load_gpt_checkpoint, model_id
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.graph_engine import GraphEngine, refuse_v2pro, sovits_family
 from engines.vocoder_int8 import quantize_vocoder_int8
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+    # per graph: its I/O binding and what each name is bound to (data pointer, shape, dtype)
+    _Bindings = dict[str, tuple[onnxruntime.IOBinding, dict[str, tuple[int, tuple[int, ...], torch.dtype]]]]
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +72,7 @@ class _OrtRunner:
         else:
             providers = ["CPUExecutionProvider"]
             self._ort_device = ("cpu", 0)
-        self.sessions = {}
+        self.sessions: dict[str, onnxruntime.InferenceSession] = {}
         for name, path in files.items():
             try:
                 self.sessions[name] = ort.InferenceSession(str(path), opts, providers=providers)
@@ -75,7 +81,7 @@ class _OrtRunner:
         self._local = threading.local()  # IOBinding objects are per thread
 
     def run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
-        bindings = getattr(self._local, "bindings", None)
+        bindings: _Bindings | None = getattr(self._local, "bindings", None)
         if bindings is None:
             bindings = self._local.bindings = {}
         if graph not in bindings:

@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -86,9 +86,10 @@ def profiles(manifest: dict[str, Any], max_batch: int) -> dict[str, Profile]:
 def _import_trt() -> Any:
     """The tensorrt module, or an EngineError that says how to install it."""
     try:
-        import tensorrt as trt
+        import tensorrt  # pyright: ignore[reportMissingImports]  # the gpu extra, absent without a GPU
     except ImportError:
         raise EngineError(INSTALL_HINT) from None
+    trt = cast(Any, tensorrt)  # used untyped (where it is installed its type information is partial)
     if int(trt.__version__.split(".")[0]) < 10:
         raise EngineError(f"TensorRT {trt.__version__} is too old: the engine uses the 10.x named-tensor API; "
                           "`pip install -U tensorrt`")
@@ -196,7 +197,7 @@ def _build_one(trt: Any, logger: Any, onnx_path: Path, profile: Profile, workspa
 
 def _producer(network: Any, tensor: Any) -> Any:
     """The MatMul layer that produces ``tensor``, looking through shuffles (reshapes); None if not found."""
-    producers = {}
+    producers: dict[str, Any] = {}
     for i in range(network.num_layers):
         layer = network.get_layer(i)
         for j in range(layer.num_outputs):
@@ -236,7 +237,7 @@ class _TrtRunner:
         staged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (engine-typed output, caller's output)
         with self._locks[graph]:
             ctx = self._contexts[graph]
-            keep = []  # converted inputs must outlive the enqueue
+            keep: list[torch.Tensor] = []  # converted inputs must outlive the enqueue
             for name, t in inputs.items():
                 if t.dtype != types[name]:
                     t = t.to(types[name]).contiguous()

@@ -50,7 +50,7 @@ def quantize_vocoder_int8(folder: str | os.PathLike[str]) -> Path:
         quantize_static
 
     src = folder / "sovits_decode.onnx"
-    model = onnx.load(str(src), load_external_data=False)
+    model = onnx.load(str(src), load_external_data=False)  # pyright: ignore[reportUnknownMemberType]  # (f: a bare PathLike)
     convs = [n.name for n in model.graph.node if n.op_type == "Conv" and QUANTISED_BLOCKS in n.name]
     if not convs:
         raise EngineError(f"{src} has no decoder residual-block convolutions to quantise; export it again")
@@ -89,13 +89,14 @@ def _calibration_feeds(folder: Path, model: Any) -> list[dict[str, np.ndarray]]:
     channels = int(manifest["sovits"]["inter_channels"])
     rng = np.random.default_rng(SEED)
     style = ort.InferenceSession(str(folder / "ref_style.onnx"), providers=["CPUExecutionProvider"])
-    feeds = []
+    feeds: list[dict[str, np.ndarray]] = []
     for i in range(CALIBRATION_DECODES):
         t = np.arange(32000 * 3) / 32000  # 3 s of a harmonic "voice" at 100-250 Hz with a slow vibrato
         f0 = 100 + 50 * i + 5 * np.sin(2 * np.pi * 5 * t)
-        wav = sum(np.sin(2 * np.pi * np.cumsum(f0 * h) / 32000) / h for h in range(1, 12)).astype(np.float32) * 0.1
+        wav = sum((np.sin(2 * np.pi * np.cumsum(f0 * h) / 32000) / h for h in range(1, 12)),
+                  np.zeros_like(t)).astype(np.float32) * 0.1  # (a start of zeros, not 0: the sum is an array)
         spec = reference_spec_input(wav).numpy()
-        style_in = {}
+        style_in: dict[str, np.ndarray] = {}
         for inp in style.get_inputs():  # v2Pro's graph also takes speaker features: zeros of their shape
             style_in[inp.name] = spec if inp.name == "spec" else np.zeros(
                 [d if isinstance(d, int) else 1 for d in inp.shape], np.float32)

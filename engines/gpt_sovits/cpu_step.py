@@ -250,4 +250,5 @@ class Sampler:
                                      top_k.data_ptr(), temperature.data_ptr(), penalty.data_ptr(), key.data_ptr(),
                                      self.eos, self.min_steps, self._scratch.data_ptr())
         if rc:
-            raise ValueError(f"the sampler refused its arguments ({b} rows, vocab {v}, steps {steps.tolist()})")
+            raise ValueError(f"the sampler refused its arguments ({b} rows, vocab {v}, "
+                             f"steps {steps.tolist()})")  # pyright: ignore[reportUnknownMemberType]  # (a bare list)
