@@ -481,7 +481,8 @@ def _write_prompt(path: Path, prompt: VoicePrompt) -> None:
     if prompt.sv_emb is not None:
         arrays["sv_emb"] = np.asarray(prompt.sv_emb, np.float32)
     with open(path, "wb") as f:
-        np.savez_compressed(f, allow_pickle=False, **arrays)  # numbers only: nothing to pickle
+        # (numpy's stub lets a ** mapping fill allow_pickle too, so pyright checks the arrays against bool)
+        np.savez_compressed(f, **arrays)  # pyright: ignore[reportArgumentType]
         f.flush()
         os.fsync(f.fileno())
 
