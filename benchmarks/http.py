@@ -75,7 +75,8 @@ def synthetic_speech(seconds: float = REFERENCE_S, f0: float = 120.0, seed: int 
             phase = 2 * np.pi * np.cumsum(pitch) / sr
             k = np.arange(1, int(MAX_HARMONIC_HZ / f0) + 1)
             freqs = k * pitch.mean()
-            gains = sum(1.0 / (1.0 + ((freqs - f) / FORMANT_BW) ** 2) for f in VOWELS[int(rng.integers(5))])
+            gains = sum((1.0 / (1.0 + ((freqs - f) / FORMANT_BW) ** 2) for f in VOWELS[int(rng.integers(5))]),
+                        np.zeros(k.size))  # (a start of zeros, not 0: the sum is an array)
             voiced = (gains[:, None] / k[:, None] * np.sin(k[:, None] * phase[None, :])).sum(axis=0)
             envelope = np.clip(np.sin(np.pi * t / t[-1]), 0.0, None) ** 0.6  # [n], rounded attack and release
             out[pos:pos + n] += (voiced * envelope).astype(np.float32)
