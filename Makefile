@@ -70,7 +70,8 @@ run: venv
 typecheck: venv
 	PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(BIN)/pyright --pythonpath $(BIN)/python
 
-test: venv
+# the type check first: a type error fails the run before pytest starts
+test: venv typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests were collected: failing"; exit 1; fi; exit $$rc
 
