@@ -26,6 +26,7 @@ import numpy as np
 import soxr
 
 from engines import SAMPLE_RATE, SSL_SAMPLE_RATE
+from synthesis.speakers import speaker_turns
 from synthesis.types import PCM16_SCALE, AudioInputError, to_pcm16
 from synthesis.vad import VAD_FRAME_S, VAD_RATE, speech_probability
 
@@ -555,8 +556,13 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
             "record a sentence or two"
         )
 
-    start, end = _best_stretch(db, speech, loud, floor_db, loud_db, min_s, max_s)
+    # Speakers are told apart only in frames the detector hears as a voice: without it, a noise burst or music
+    # would count as "another speaker".
+    one_voice, speakers_warning = _one_speaker(x, speech, loud, min_s, max_s) if by_voice else (speech, "")
+    start, end = _best_stretch(db, one_voice, loud, floor_db, loud_db, min_s, max_s)
     warnings = _quality_warnings(src, dec.sample_rate, db, speech, start, end)
+    if speakers_warning:
+        warnings.append(speakers_warning.format(used=(end - start) * FRAME_S))
 
     clip = x[start * hop : end * hop].astype(np.float32, copy=True)
     in_clip = speech[start:end]
@@ -582,6 +588,34 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
         warnings=warnings,
         start_s=start * FRAME_S,
         end_s=min(end * FRAME_S, dec.duration_s),
+    )
+
+
+def _one_speaker(x: np.ndarray, speech: np.ndarray, loud: np.ndarray, min_s: float,
+                 max_s: float) -> tuple[np.ndarray, str]:
+    """The speech of the longest single-speaker turn (:mod:`synthesis.speakers`), and the warning to give.
+
+    A clip of one voice comes back unchanged with no warning. With more than one, only the turn with the most
+    speech stays ``True`` (a reference mixing two people makes a voice that is neither), and the warning says so;
+    ``{used}`` in it is filled with the seconds finally kept.
+    """
+    turns = speaker_turns(x, SAMPLE_RATE, speech & loud, FRAME_S)
+    if len(turns) == 1:
+        return speech, ""
+    lo, hi = max(turns, key=lambda t: int(speech[t[0] : t[1]].sum()))
+    kept = np.zeros_like(speech)
+    kept[lo:hi] = speech[lo:hi]
+    kept_s = float(kept.sum()) * FRAME_S
+    log.info("%d speaker turns at %s s; keeping %.1f-%.1f s", len(turns),
+             ", ".join(f"{a * FRAME_S:.1f}" for a, _ in turns[1:]), lo * FRAME_S, hi * FRAME_S)
+    if kept_s < min_s:
+        raise AudioInputError(
+            f"the clip has more than one speaker and none speaks for {min_s:g} s in one go (longest {kept_s:.1f} s); "
+            f"record {min_s:g}-{max_s:g} s of one voice alone"
+        )
+    return kept, (
+        f"the clip has more than one speaker; the voice uses {{used:.1f}} s of the one who speaks longest "
+        f"({lo * FRAME_S:.1f}-{hi * FRAME_S:.1f} s): for a faithful voice, upload a clip of one person alone"
     )
 
 
