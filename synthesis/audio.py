@@ -58,6 +58,7 @@ EDGE_PAD_S = 0.1  # s, silence kept before and after the chosen speech when it f
 PAUSE_WEIGHT = 1.5  # score cost per second of long pause inside a candidate stretch
 CUT_COST_S = 0.5  # score cost (in seconds of speech) of cutting through full-level speech at a stretch edge
 NOISY_SNR_DB = 15.0  # dB, speech-to-noise ratio below which a noise warning is given
+TURN_MARGIN_S = 0.5  # s, speech this close to a change of speaker is left out of the reference (see _one_speaker)
 FULL_SCALE = 0.999  # |x| at or above this is a full-scale (clipped) sample
 NEAR_PEAK = 0.99  # samples within 1 % of the clip's own peak count as flat-topped (clipped after attenuation)
 CLIP_WARN_FRACTION = 0.005  # fraction of speech samples clipped above which a clipping warning is given
@@ -599,12 +600,19 @@ def _one_speaker(x: np.ndarray, speech: np.ndarray, loud: np.ndarray, min_s: flo
     speech stays ``True`` (a reference mixing two people makes a voice that is neither), and the warning says so;
     ``{used}`` in it is filled with the seconds finally kept.
     """
-    turns = speaker_turns(x, SAMPLE_RATE, speech & loud, FRAME_S)
+    turns = speaker_turns(resample(x, SAMPLE_RATE, SSL_SAMPLE_RATE), SSL_SAMPLE_RATE, speech & loud, FRAME_S)
     if len(turns) == 1:
         return speech, ""
     lo, hi = max(turns, key=lambda t: int(speech[t[0] : t[1]].sum()))
     kept = np.zeros_like(speech)
     kept[lo:hi] = speech[lo:hi]
+    # A change of speaker is placed to within about half a second (exactly only where the two voices differ a lot):
+    # speech that close to it is left out. Where the change lies in a long pause, that is pause anyway.
+    margin = int(round(TURN_MARGIN_S / FRAME_S))
+    if lo > 0:
+        kept[lo : lo + margin] = False
+    if hi < speech.size:
+        kept[max(lo, hi - margin) : hi] = False
     kept_s = float(kept.sum()) * FRAME_S
     log.info("%d speaker turns at %s s; keeping %.1f-%.1f s", len(turns),
              ", ".join(f"{a * FRAME_S:.1f}" for a, _ in turns[1:]), lo * FRAME_S, hi * FRAME_S)

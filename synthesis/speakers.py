@@ -15,8 +15,6 @@ Everything is numpy on prefix sums: a 60 s clip takes a few tens of milliseconds
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 __all__ = ["speaker_turns", "mfcc"]
@@ -32,6 +30,10 @@ MIN_TURN_S = 1.5  # s of voiced speech: a shorter turn is not told apart (too fe
 # penalty. Measured (tests/tools/measure_speakers.py): one espeak-ng voice, 9-71 s, best split 0.95-2.13; two
 # voices or one voice with its formants moved 5 % (a different vocal tract), 2.45-19.5 at the true change.
 PENALTY = 2.4
+CANDIDATE_RATIO = 1.0  # BIC ratio above which a split is a candidate for the final test against PENALTY
+SCAN_WINDOW_S = 2.0  # s of voiced speech each side of a candidate in the scan
+SCAN_STEP_S = 0.05  # s of voiced speech between scanned candidates
+REFINE_S = 0.5  # s of voiced speech around a change within which its place is refined
 SNAP_S = 0.3  # s of voiced speech around a change within which it moves to the longest pause
 MIN_SNAP_PAUSE_S = 0.06  # s, a pause at least this long is where a change of speaker is placed
 
@@ -113,17 +115,61 @@ class _Moments:
 def _changes(z: np.ndarray) -> list[int]:
     """Indices ``c`` into ``z`` (``[n, d]`` voiced frames) where a new speaker starts at frame ``c``; sorted.
 
-    Binary segmentation: the best split of a stretch is kept when its BIC ratio exceeds :data:`PENALTY`, and each
-    side is searched again. A last pass tests every change against the whole turns beside it (a first split can
-    cut one speaker's turn in two when it also takes in a short turn of another) and drops the weakest while it
-    fails.
+    Candidates come from two searches that each miss what the other finds: a scan with :data:`SCAN_WINDOW_S` of
+    speech on each side (places a change well, and sees a short turn in a long clip) and binary segmentation (the
+    best split of the whole, then of each side: sees a change where the windows are too short to). Then every
+    candidate is tested against the whole turns beside it and the weakest dropped while it is under
+    :data:`PENALTY`; what remains are the changes, each moved to its best place within :data:`REFINE_S`.
     """
+    n = z.shape[0]
     min_turn = int(round(MIN_TURN_S / HOP_S))
-    if z.shape[0] < 2 * min_turn:
+    if n < 2 * min_turn:
         return []
     mom = _Moments(z)
-    found: list[int] = []
-    todo = [(0, z.shape[0])]
+    candidates = np.array(sorted(set(_scan_peaks(mom, n, min_turn)) | set(_binary_splits(mom, n, min_turn))))
+    changes: list[int] = []
+    for c in candidates:  # candidates closer than a turn: keep the first
+        if not changes or c - changes[-1] >= min_turn:
+            changes.append(int(c))
+    while changes:
+        bounds = np.array([0, *changes, n])
+        ratio = mom.bic_ratio(bounds[:-2], bounds[1:-1], bounds[2:])
+        worst = int(np.argmin(ratio))
+        if ratio[worst] > PENALTY:
+            break
+        changes.pop(worst)
+    # Each change to the best place near it, judged on the whole turns beside it (a scan candidate is only as
+    # fine as its step, and was found with the short windows).
+    reach = int(round(REFINE_S / HOP_S))
+    for i, c in enumerate(changes):
+        a = changes[i - 1] if i > 0 else 0
+        b = changes[i + 1] if i + 1 < len(changes) else n
+        near = np.arange(max(a + min_turn, c - reach), min(b - min_turn, c + reach) + 1)
+        if near.size:
+            changes[i] = int(near[int(np.argmax(mom.bic_ratio(np.full(near.size, a), near, np.full(near.size, b))))])
+    return changes
+
+
+def _scan_peaks(mom: _Moments, n: int, min_turn: int) -> list[int]:
+    """Peaks of the BIC ratio between fixed windows either side, one per ``min_turn``, above :data:`CANDIDATE_RATIO`."""
+    w = max(min_turn, min(int(round(SCAN_WINDOW_S / HOP_S)), n // 2))
+    if n < 2 * w:
+        return []
+    c = np.arange(w, n - w + 1, max(1, int(round(SCAN_STEP_S / HOP_S))))
+    ratio = mom.bic_ratio(c - w, c, c + w)
+    peaks: list[int] = []
+    for i in np.argsort(-ratio):
+        if ratio[i] <= CANDIDATE_RATIO:
+            break
+        if all(abs(int(c[i]) - p) >= min_turn for p in peaks):
+            peaks.append(int(c[i]))
+    return peaks
+
+
+def _binary_splits(mom: _Moments, n: int, min_turn: int) -> list[int]:
+    """Best split of ``[0, n)``, then of each side, while the best has a BIC ratio above :data:`CANDIDATE_RATIO`."""
+    out: list[int] = []
+    todo = [(0, n)]
     while todo:
         a, b = todo.pop()
         if b - a < 2 * min_turn:
@@ -131,18 +177,10 @@ def _changes(z: np.ndarray) -> list[int]:
         c = np.arange(a + min_turn, b - min_turn + 1)
         ratio = mom.bic_ratio(np.full(c.size, a), c, np.full(c.size, b))
         i = int(np.argmax(ratio))
-        if ratio[i] > PENALTY:
-            found.append(int(c[i]))
+        if ratio[i] > CANDIDATE_RATIO:
+            out.append(int(c[i]))
             todo += [(a, int(c[i])), (int(c[i]), b)]
-    found.sort()
-    while found:
-        bounds = np.array([0, *found, z.shape[0]])
-        ratio = mom.bic_ratio(bounds[:-2], bounds[1:-1], bounds[2:])
-        worst = int(np.argmin(ratio))
-        if ratio[worst] > PENALTY:
-            break
-        found.pop(worst)
-    return found
+    return out
 
 
 def speaker_turns(x: np.ndarray, sr: int, voiced: np.ndarray, frame_s: float) -> list[tuple[int, int]]:
@@ -157,8 +195,9 @@ def speaker_turns(x: np.ndarray, sr: int, voiced: np.ndarray, frame_s: float) ->
     Returns
     -------
     ``[(start, end), ...]`` frame ranges of ``voiced`` that cover ``[0, F)`` in order, one per speaker turn; a
-    single ``(0, F)`` when one voice is heard throughout (or too little speech to tell). Each boundary is the first
-    voiced frame of the new speaker, moved back into the pause before it when one lies near.
+    single ``(0, F)`` when one voice is heard throughout (or too little speech to tell). A boundary lies in the
+    middle of the longest pause within :data:`SNAP_S` of speech of the detected change, or at the new speaker's
+    first voiced frame when there is none.
     """
     n_frames = voiced.size
     feats = mfcc(x, sr)  # [T, N_CEPS]
@@ -171,14 +210,14 @@ def speaker_turns(x: np.ndarray, sr: int, voiced: np.ndarray, frame_s: float) ->
     snap = int(round(SNAP_S / HOP_S))
     min_pause = int(round(MIN_SNAP_PAUSE_S / HOP_S))
     for c in changes:
-        # Speakers take turns in pauses: if a pause lies within SNAP_S of the estimate, the change is there.
+        # Speakers take turns in pauses: the change moves into the longest pause within SNAP_S of speech of it.
         lo, hi = max(1, c - snap), min(keep.size - 1, c + snap)
-        gaps = np.diff(keep[lo - 1 : hi + 1])  # gap before keep[j] for j in lo..hi
-        j = lo + int(np.argmax(gaps))
-        if gaps.max() - 1 >= min_pause:
-            c = j
-        # The boundary falls in the middle of the pause (or at the new speaker's first frame when there is none).
-        t = 0.5 * (centres[keep[c - 1]] + centres[keep[c]]) if gaps.max() - 1 >= min_pause else centres[keep[c]]
-        bounds.append(min(n_frames, max(bounds[-1] + 1, int(math.floor(t / frame_s)))))
+        pause = keep[lo : hi + 1] - keep[lo - 1 : hi] - 1  # [hi - lo + 1] feature frames of pause before keep[j]
+        j = lo + int(np.argmax(pause))
+        if pause[j - lo] >= min_pause:
+            t = 0.5 * (centres[keep[j - 1]] + centres[keep[j]])  # the middle of that pause
+        else:
+            t = centres[keep[c]]  # no pause near: the new speaker's first voiced frame
+        bounds.append(min(n_frames - 1, max(bounds[-1] + 1, int(t / frame_s))))
     bounds.append(n_frames)
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
