@@ -1,21 +1,25 @@
 """Speaker turns: where one voice stops and another starts in an upload, so the reference is one person.
 
 A stored voice is the reference clip's timbre; a stretch with 5 s of one person and 4 s of another makes a voice
-that is neither. No speaker model is needed to see the change: the classic BIC test (Chen & Gopalakrishnan 1998)
-models a stretch of cepstral frames as one Gaussian, or as two Gaussians split at a candidate point, and keeps the
-split when the likelihood it gains is worth its extra parameters. Two people differ in vocal tract (formants, hence
-the spectral envelope the MFCCs describe), so their frames fit two Gaussians far better than one; one person's
-words change the phones but not the voice, and stay under the penalty. The two passes follow DISTBIC (Delacourt &
-Wellekens 2000): a scan with fixed windows on each side proposes candidates, then each is tested on the whole
-stretch between its neighbours and dropped while the weakest fails. Only voiced frames are modelled (pauses,
-breaths and noise are no one's voice), features drop c0 so a speaker's loudness changes are no change of speaker,
-and a full-covariance log-determinant is invariant to any fixed linear filter (a microphone's colour cancels out).
-Everything is numpy on prefix sums: a 60 s clip takes a few tens of milliseconds on one core.
+that is neither. No speaker model is needed to see most changes. The classic BIC test (Chen & Gopalakrishnan 1998)
+models a stretch of cepstral frames as one Gaussian, or as two split at a candidate point, and keeps the split when
+the likelihood it gains is worth the second Gaussian's parameters. Two people differ in vocal tract (formants,
+hence the spectral envelope the MFCCs describe), so their frames fit two Gaussians far better than one; one
+person's words change the phones but not the voice, and stay under the penalty. Candidates come from a scan with
+fixed windows and from binary segmentation, then each is tested on the whole turns beside it and the weakest
+dropped while it fails (as DISTBIC, Delacourt & Wellekens 2000, does). Pitch is the second cue: a test on
+thousands of frames finds any small difference "significant", so pitch is not one more Gaussian dimension but an
+effect size, the shift of the median fundamental between two turns; a shift of several semitones (a man and a
+woman) lowers the bar the spectral test must pass. Only voiced frames count (pauses, breaths and noise are no
+one's voice), c0 is left out so a speaker's loudness is no change of speaker, and a full-covariance
+log-determinant is unchanged by a fixed linear filter (a microphone's colour cancels out). Numpy on prefix sums
+and batched FFTs: a 60 s clip takes a few hundred milliseconds on one busy core.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import soxr
 
 __all__ = ["speaker_turns", "mfcc"]
 
@@ -27,12 +31,23 @@ MEL_LOW = 100.0  # Hz, below the lowest voice fundamental's useful harmonics
 MEL_HIGH = 7600.0  # Hz, under the 8 kHz band edge of a 16 kHz phone or voice-message recording
 MIN_TURN_S = 1.5  # s of voiced speech: a shorter turn is not told apart (too few frames for a covariance)
 # BIC penalty weight (lambda): a change is kept when its likelihood gain exceeds PENALTY times the classic BIC
-# penalty. Measured (tests/tools/measure_speakers.py): one espeak-ng voice, 9-71 s, best split 0.95-2.13; two
-# voices or one voice with its formants moved 5 % (a different vocal tract), 2.45-19.5 at the true change.
+# penalty. Measured (tests/tools/measure_speakers.py --long): one espeak-ng voice, 9-71 s, best split 0.97-1.83 (2.13
+# for speaker_a slowed 10 %); one voice against itself with formants moved 5-12 %, 5.3-8.1; the committed two voices,
+# 2.2-2.9 (their spectra are close: espeak-ng's variants share one formant synthesiser).
 PENALTY = 2.4
 CANDIDATE_RATIO = 1.0  # BIC ratio above which a split is a candidate for the final test against PENALTY
 SCAN_WINDOW_S = 2.0  # s of voiced speech each side of a candidate in the scan
 SCAN_STEP_S = 0.05  # s of voiced speech between scanned candidates
+PITCH_RATE = 8000  # Hz, pitch is looked for at this rate (a voice's fundamental is far below 4 kHz)
+PITCH_WIN_S = 0.04  # s, pitch analysis window (over two periods at PITCH_MIN_HZ)
+PITCH_MIN_HZ = 60.0  # Hz, lowest fundamental looked for
+PITCH_MAX_HZ = 400.0  # Hz, highest
+PERIODIC = 0.5  # normalised autocorrelation at the period for a frame to have a pitch
+# Semitones between the median pitch of two turns above which a change needs only CANDIDATE_RATIO, not PENALTY.
+# Measured: one espeak-ng voice, any split of 9-71 s, at most 3.3; the committed two voices (a man's and a woman's
+# espeak-ng variants), 5.2-6.5. Between a man and a woman it is typically 7-12.
+PITCH_SHIFT_ST = 5.0
+MIN_PITCHED_S = 0.5  # s of periodic frames each side for the pitch comparison to count
 REFINE_S = 0.5  # s of voiced speech around a change within which its place is refined
 SNAP_S = 0.3  # s of voiced speech around a change within which it moves to the longest pause
 MIN_SNAP_PAUSE_S = 0.06  # s, a pause at least this long is where a change of speaker is placed
@@ -85,6 +100,39 @@ def _dct_matrix() -> np.ndarray:
     return np.sqrt(2.0 / N_MELS) * np.cos(np.pi * k * m / N_MELS)
 
 
+def pitch(x: np.ndarray, sr: int, frames: np.ndarray) -> np.ndarray:
+    """Log fundamental frequency of the given feature frames of :func:`mfcc`, NaN where a frame is not periodic.
+
+    Normalised autocorrelation of a :data:`PITCH_WIN_S` window centred on the frame (two periods of the lowest
+    voice), corrected for the window's own taper, at :data:`PITCH_RATE`; the frame is periodic when its highest
+    peak between :data:`PITCH_MIN_HZ` and :data:`PITCH_MAX_HZ` reaches :data:`PERIODIC`.
+
+    Parameters
+    ----------
+    x: ``[N]`` float32 mono @ ``sr``.
+    frames: ``[K]`` int, indices of :func:`mfcc` frames (those of the voiced speech).
+
+    Returns
+    -------
+    ``[K]`` float64, ``log(Hz)`` or NaN.
+    """
+    y = np.asarray(soxr.resample(x, sr, PITCH_RATE), np.float32) if sr != PITCH_RATE else x.astype(np.float32)
+    win = int(round(PITCH_WIN_S * PITCH_RATE))
+    starts = np.round((frames * HOP_S + WIN_S / 2) * PITCH_RATE).astype(np.int64) - win // 2  # centred windows
+    padded = np.concatenate([np.zeros(win, np.float32), y, np.zeros(win, np.float32)])
+    seg = padded[(starts + win)[:, None] + np.arange(win)[None, :]]  # [K, win]
+    seg = seg - seg.mean(axis=1, keepdims=True)
+    taper = np.hanning(win).astype(np.float32)
+    lo, hi = int(PITCH_RATE / PITCH_MAX_HZ), int(PITCH_RATE / PITCH_MIN_HZ) + 1
+    n_fft = 1 << (2 * win - 1).bit_length()
+    ac = np.fft.irfft(np.abs(np.fft.rfft(seg * taper, n_fft, axis=1)) ** 2, n_fft, axis=1)[:, :hi]
+    own = np.fft.irfft(np.abs(np.fft.rfft(taper, n_fft)) ** 2, n_fft)[:hi]  # the taper's autocorrelation, > 0 here
+    ac = (ac / own) / np.maximum(ac[:, :1] / own[0], 1e-12)  # 1 at lag 0, near 1 at the period of a steady voice
+    lag = lo + np.argmax(ac[:, lo:hi], axis=1)
+    periodic = ac[np.arange(ac.shape[0]), lag] >= PERIODIC
+    return np.where(periodic, np.log(PITCH_RATE / lag), np.nan)
+
+
 class _Moments:
     """Prefix sums of frames and their outer products: any stretch's covariance in O(d^2)."""
 
@@ -112,14 +160,18 @@ class _Moments:
         return gain / (0.5 * params * np.log(n))
 
 
-def _changes(z: np.ndarray) -> list[int]:
+def _changes(z: np.ndarray, logf0: np.ndarray | None = None) -> list[int]:
     """Indices ``c`` into ``z`` (``[n, d]`` voiced frames) where a new speaker starts at frame ``c``; sorted.
+
+    ``logf0``: ``[n]`` the frames' :func:`pitch` (NaN where none); where two turns' medians differ by
+    :data:`PITCH_SHIFT_ST` or more, the change between them needs a BIC ratio above :data:`CANDIDATE_RATIO` only.
 
     Candidates come from two searches that each miss what the other finds: a scan with :data:`SCAN_WINDOW_S` of
     speech on each side (places a change well, and sees a short turn in a long clip) and binary segmentation (the
     best split of the whole, then of each side: sees a change where the windows are too short to). Then every
-    candidate is tested against the whole turns beside it and the weakest dropped while it is under
-    :data:`PENALTY`; what remains are the changes, each moved to its best place within :data:`REFINE_S`.
+    candidate is tested against the whole turns beside it and the weakest dropped while it is under its bar
+    (:data:`PENALTY`, or less with a pitch shift); what remains are the changes, each moved to its best place
+    within :data:`REFINE_S`.
     """
     n = z.shape[0]
     min_turn = int(round(MIN_TURN_S / HOP_S))
@@ -134,8 +186,13 @@ def _changes(z: np.ndarray) -> list[int]:
     while changes:
         bounds = np.array([0, *changes, n])
         ratio = mom.bic_ratio(bounds[:-2], bounds[1:-1], bounds[2:])
+        if logf0 is not None:
+            shift = np.array([_pitch_shift(logf0, a, c, b) for a, c, b in zip(bounds[:-2], bounds[1:-1], bounds[2:])])
+            ratio -= np.where(shift >= PITCH_SHIFT_ST, CANDIDATE_RATIO, PENALTY)
+        else:
+            ratio -= PENALTY
         worst = int(np.argmin(ratio))
-        if ratio[worst] > PENALTY:
+        if ratio[worst] > 0:
             break
         changes.pop(worst)
     # Each change to the best place near it, judged on the whole turns beside it (a scan candidate is only as
@@ -148,6 +205,16 @@ def _changes(z: np.ndarray) -> list[int]:
         if near.size:
             changes[i] = int(near[int(np.argmax(mom.bic_ratio(np.full(near.size, a), near, np.full(near.size, b))))])
     return changes
+
+
+def _pitch_shift(logf0: np.ndarray, a: int, c: int, b: int) -> float:
+    """Semitones between the median pitch of frames ``[a, c)`` and ``[c, b)`` (0 when either has too few)."""
+    least = int(round(MIN_PITCHED_S / HOP_S))
+    left, right = logf0[a:c], logf0[c:b]
+    left, right = left[~np.isnan(left)], right[~np.isnan(right)]
+    if left.size < least or right.size < least:
+        return 0.0
+    return abs(float(np.median(left) - np.median(right))) * 12.0 / np.log(2.0)
 
 
 def _scan_peaks(mom: _Moments, n: int, min_turn: int) -> list[int]:
@@ -205,7 +272,7 @@ def speaker_turns(x: np.ndarray, sr: int, voiced: np.ndarray, frame_s: float) ->
         return [(0, n_frames)]
     centres = np.arange(feats.shape[0]) * HOP_S + WIN_S / 2  # s
     keep = np.flatnonzero(voiced[np.minimum((centres / frame_s).astype(np.int64), n_frames - 1)])  # [n]
-    changes = _changes(feats[keep])
+    changes = _changes(feats[keep], pitch(x, sr, keep))
     bounds = [0]
     snap = int(round(SNAP_S / HOP_S))
     min_pause = int(round(MIN_SNAP_PAUSE_S / HOP_S))

@@ -2,7 +2,8 @@
 
 For each case of :data:`tests.speaker_samples.CASES` it prints the chosen reference stretch, whose speech it holds,
 how much of another speaker's speech slipped in, whether the user is warned, and the BIC ratio of the clip's best
-single split (one speaker should stay under ``synthesis.speakers.PENALTY``, two above it). With ``--long`` and
+single split (one speaker should stay under ``synthesis.speakers.PENALTY``, two above it) and the largest
+shift of median pitch across any split (``PITCH_SHIFT_ST`` lowers the bar above it). With ``--long`` and
 espeak-ng installed it also makes 55-71 s monologues in four espeak-ng voices and pairs of them, the calibration
 of ``PENALTY`` on long clips. Last, the time of the choice on a 60 s clip. Run from the repository root:
 ``nice -n 19 python tests/tools/measure_speakers.py [--long]``.
@@ -41,32 +42,37 @@ LONG_VOICES = {"us": ("en-us", 35, 150), "gb": ("en-gb", 60, 160), "us_f": ("en-
                "scot": ("en-gb-scotland", 45, 170)}
 
 
-def best_split_ratio(x: np.ndarray) -> float:
-    """The BIC ratio of the best single split of the clip's voiced frames (what the first search step sees)."""
+def best_split(x: np.ndarray) -> tuple[float, float]:
+    """The BIC ratio of the best single split of the clip's voiced frames (what the first search step sees), and
+    the largest shift of median pitch between the two sides of any split, in semitones."""
     dec = audio.Decoded(x, SPEECH_RATE, x.size / SPEECH_RATE)
     seen: dict[str, float] = {}
 
-    def spy(z: np.ndarray) -> list[int]:
+    def spy(z: np.ndarray, logf0: np.ndarray | None = None) -> list[int]:
         mom = speakers._Moments(z)  # pyright: ignore[reportPrivateUsage]
         m = int(round(speakers.MIN_TURN_S / speakers.HOP_S))
         c = np.arange(m, z.shape[0] - m + 1)
         ratio = mom.bic_ratio(np.zeros(c.size, np.int64), c, np.full(c.size, z.shape[0]))
         seen["ratio"] = float(ratio.max()) if ratio.size else 0.0
-        return real(z)
+        if logf0 is not None:  # the largest pitch shift between the two sides of any split
+            shifts = [speakers._pitch_shift(logf0, 0, int(k), z.shape[0]) for k in c[::10]]  # pyright: ignore
+            seen["shift"] = max(shifts, default=0.0)
+        return real(z, logf0)
 
     real = speakers._changes  # pyright: ignore[reportPrivateUsage]
     with mock.patch.object(speakers, "_changes", spy):
         audio.prepare_reference(dec)
-    return seen.get("ratio", float("nan"))
+    return seen.get("ratio", float("nan")), seen.get("shift", float("nan"))
 
 
 def report(name: str, x: np.ndarray, parts: list[tuple[float, float, str]], n_speakers: int) -> bool:
     ref = audio.prepare_reference(audio.Decoded(x, SPEECH_RATE, x.size / SPEECH_RATE))
     who, other = other_speech_inside(ref.start_s, ref.end_s, parts)
     warned = any("more than one speaker" in w for w in ref.warnings)
+    ratio, shift = best_split(x)
     ok = other <= audio.FRAME_S and warned == (n_speakers > 1)
     print(f"{name:34s} {n_speakers} spk  {ref.start_s:5.1f}-{ref.end_s:5.1f} s  {who:6s} other {other:4.2f} s  "
-          f"warned {'yes' if warned else 'no ':3s}  best-split ratio {best_split_ratio(x):5.2f}  "
+          f"warned {'yes' if warned else 'no ':3s}  best-split ratio {ratio:5.2f}  max pitch shift {shift:4.1f} st  "
           f"{'ok' if ok else 'WRONG'}")
     return ok
 
