@@ -19,7 +19,7 @@ and batched FFTs: a 60 s clip takes a few hundred milliseconds on one busy core.
 from __future__ import annotations
 
 import numpy as np
-import soxr
+import soxr  # pyright: ignore[reportMissingTypeStubs]  # untyped; its source gives the types
 
 __all__ = ["speaker_turns", "mfcc"]
 
@@ -270,7 +270,7 @@ def speaker_turns(x: np.ndarray, sr: int, voiced: np.ndarray, frame_s: float) ->
     feats = mfcc(x, sr)  # [T, N_CEPS]
     if feats.shape[0] == 0 or not voiced.any():
         return [(0, n_frames)]
-    centres = np.arange(feats.shape[0]) * HOP_S + WIN_S / 2  # s
+    centres = np.arange(feats.shape[0], dtype=np.float64) * HOP_S + WIN_S / 2  # s
     keep = np.flatnonzero(voiced[np.minimum((centres / frame_s).astype(np.int64), n_frames - 1)])  # [n]
     changes = _changes(feats[keep], pitch(x, sr, keep))
     bounds = [0]
