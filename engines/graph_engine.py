@@ -23,14 +23,12 @@ import numpy as np
 import torch
 
 from engines.base import BERT_DIM, ChunkCallback, EngineError, ModelPaths, SemanticBatch, VoicePrompt
-from engines.encoders import LazyEncoders
+from engines.encoders import LazyEncoders, encode_reference
 from engines.export import MANIFEST, load_manifest, model_key
 from engines.gpt_sovits import cpu_step
 from engines.gpt_sovits.checkpoint import V2PRO_VERSIONS, load_sovits_checkpoint
 from engines.gpt_sovits.generate import MAX_CONTEXT, SYNC_EVERY, BatchDecoder, SlotBatch
 from engines.gpt_sovits.gpt import KV_BUCKET, GptConfig, Text2SemanticModel
-from engines.gpt_sovits.sovits import mean_style
-from engines.gpt_sovits.spectrogram import reference_spec_input
 from engines.runtime import use_lane_stream
 
 log = logging.getLogger(__name__)
@@ -231,14 +229,8 @@ class GraphEngine:
     def encode_reference(self, wav16k: np.ndarray | None, refs32k: Sequence[np.ndarray],
                          sv_emb: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """As the Engine protocol; ``sv_emb`` is unused (a v2 SoVITS: see :meth:`encode_speaker`)."""
-        if not refs32k:
-            raise EngineError("encode_reference needs at least one 32 kHz reference clip")
-        tokens = np.zeros(0, np.int64)
-        if wav16k is not None:
-            ssl = self.encoders.hubert().encode(wav16k)  # [1, 768, T50]
-            tokens = self.extract_latent(ssl)[0, 0].cpu().numpy().astype(np.int64)
-        ges = [self.ref_style(reference_spec_input(np.asarray(w, np.float32))) for w in refs32k]
-        return tokens, mean_style(ges)[0].float().cpu().numpy()
+        return encode_reference(self.encoders, wav16k, refs32k, extract_latent=self.extract_latent,
+                                ref_style=lambda spec, _sv: self.ref_style(spec))
 
     def extract_latent(self, ssl: torch.Tensor) -> torch.Tensor:
         """HuBERT features ``[B, 768, T50]`` -> codes ``[1, B, T50 // 2]`` int64 (graph ``extract_latent``)."""
