@@ -556,8 +556,9 @@ def _pack_for_prefill(weight: torch.Tensor, scale: torch.Tensor, bias: torch.Ten
         return None
     with warnings.catch_warnings():  # torch marks its quantized tensors deprecated (fbgemm's GEMM is what we use)
         warnings.simplefilter("ignore")
-        q = torch._make_per_channel_quantized_tensor(weight, scale.double(), torch.zeros_like(scale, dtype=torch.long),
-                                                     0)
+        # (torch's only call that wraps existing int8 values as a per-channel quantized tensor is private)
+        q = torch._make_per_channel_quantized_tensor(  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]
+            weight, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
         return torch.ops.quantized.linear_prepack(q, bias)
 
 
