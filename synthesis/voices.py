@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Generator, Mapping
 
 import numpy as np
 import soundfile as sf  # pyright: ignore[reportMissingTypeStubs]  # untyped; its source gives the types
@@ -379,7 +379,7 @@ class VoiceStore:
         return None
 
     @contextmanager
-    def _writing(self) -> Iterator[None]:
+    def _writing(self) -> Generator[None, None, None]:
         """Held while this process has temporary folders in the root: a shared lock on the root folder, released
         by the kernel when the process dies (so recovery can tell a live writer's folders from a dead one's)."""
         fd = os.open(self.root, os.O_RDONLY)
