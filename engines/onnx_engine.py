@@ -22,9 +22,9 @@ import torch
 from engines.base import EngineError, ModelPaths
 from engines.export import GRAPHS, INT8_STEP, ensure_onnx, load_manifest, quantize_step_int8
 from engines.gpt_sovits import cpu_step
-from engines.gpt_sovits.checkpoint import load_gpt_checkpoint, model_id
+from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
 from engines.gpt_sovits.gpt import Text2SemanticModel
-from engines.graph_engine import GraphEngine, refuse_v2pro, sovits_family
+from engines.graph_engine import GraphEngine, graph_model
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,8 @@ class _OrtRunner:
 
 
 class OnnxEngine(GraphEngine):
-    """GPT-SoVITS v2 on ONNX Runtime (CPU; CUDA with onnxruntime-gpu). Precisions: fp32, int8 (CPU, step graph)."""
+    """GPT-SoVITS v2/v2Pro/v2ProPlus on ONNX Runtime (CPU; CUDA with onnxruntime-gpu). Precisions: fp32, int8 (CPU,
+    step graph)."""
 
     name = "onnx"
 
@@ -122,7 +123,7 @@ class OnnxEngine(GraphEngine):
                               "engine.backend: tensorrt (or torch)")
         if precision == "int8" and device != "cpu":
             raise EngineError("int8 is a CPU path of the onnx engine; set engine.device: cpu or another precision")
-        refuse_v2pro(sovits_family(models, onnx_dir))
+        ident, sv_path = graph_model(models, onnx_dir)  # v2Pro: its SV model, before any export
         if gpt not in GPT_PATHS:
             raise EngineError(f"gpt must be one of {', '.join(GPT_PATHS)}, got {gpt!r}")
         fused = gpt != "graph" and device == "cpu" and cpu_step.load_library() is not None
@@ -145,6 +146,7 @@ class OnnxEngine(GraphEngine):
         runner = _OrtRunner(files, device, threads)
         log.info("onnx engine: %s on %s (GPT: %s), graphs from %s", precision, device,
                  "fused CPU step" if fused else step, folder)
-        return cls(runner, manifest, device=device, precision=precision, model_id=model_id(models),
+        return cls(runner, manifest, device=device, precision=precision, model_id=ident,
                    hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
-                   step_graph=step, gpt=torch_gpt, threads=threads or len(os.sched_getaffinity(0)))
+                   step_graph=step, gpt=torch_gpt, threads=threads or len(os.sched_getaffinity(0)),
+                   sv_path=sv_path)

@@ -5,11 +5,12 @@ SV features as a second input, ``sovits_decode`` feeds the MRTE ``ge_to512(ge)``
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from engines.export import FORBIDDEN_OPS, TRT_SUPPORTED_OPS, check_graphs, export_onnx, load_manifest
+from engines.export import FORBIDDEN_OPS, TRT_SUPPORTED_OPS, check_graphs, ensure_onnx, load_manifest
 from tests.golden import Golden
 
 ort = pytest.importorskip("onnxruntime")
@@ -20,11 +21,10 @@ pytestmark = [pytest.mark.conformance, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def folder(golden: Golden, golden_v2pro_dir: Path, meta: dict, version: str,
-           tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp(f"onnx-{version}") / "graphs"
-    export_onnx(golden.gpt_path, golden_v2pro_dir / meta["sovits"][version]["file"], out)
-    return out
+def folder(golden: Golden, golden_v2pro_dir: Path, meta: dict, version: str, golden_onnx_dir: Path) -> Path:
+    """The export of golden GPT + golden v2Pro SoVITS (the session's, shared with the engine tests)."""
+    models = SimpleNamespace(gpt=golden.gpt_path, sovits=golden_v2pro_dir / meta["sovits"][version]["file"])
+    return ensure_onnx(models, golden_onnx_dir)
 
 
 def _npz(path: Path) -> dict[str, np.ndarray]:
