@@ -173,3 +173,17 @@ def test_a_mismatched_sv_model_is_refused_at_load(golden: Golden, golden_v2pro_d
     torch.save({"conv1.weight": torch.zeros(4, 1, 3, 3), "fuse34.local_att.0.weight": torch.zeros(1)}, junk)
     with pytest.raises(EngineError, match="speaker-verification weights lack layer blocks"):
         _build(backend, _Paths(**{**paths.__dict__, "sv": junk}), golden_onnx_dir)
+
+
+@pytest.mark.parametrize(("magic", "match"), [(b"03", "v3 LoRA files are not supported"),
+                                              (b"04", "v4 LoRA files are not supported")])
+def test_v3_v4_files_stay_refused(golden: Golden, golden_v2pro_dir: Path, meta: dict, backend: str, tmp_path: Path,
+                                  magic: bytes, match: str) -> None:
+    """A v3/v4 SoVITS (a different decoder) is refused with the reason by every engine, before any export work."""
+    tagged = tmp_path / "s2v3.pth"
+    tagged.write_bytes(magic + golden.sovits_path.read_bytes()[2:])
+    paths = _Paths(**{**_paths(golden, golden_v2pro_dir, meta, "v2Pro").__dict__, "sovits": tagged})
+    onnx_dir = tmp_path / "onnx"
+    with pytest.raises(EngineError, match=match):
+        _build(backend, paths, onnx_dir)
+    assert not onnx_dir.exists() or not any(onnx_dir.iterdir())
