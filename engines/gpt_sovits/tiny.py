@@ -284,7 +284,11 @@ def _write_sovits(path: Path, size: str, seed: int, family: str = "v2") -> None:
     buf = io.BytesIO()
     torch.save(ckpt, buf)
     data = V2PRO_TAG[family] + buf.getvalue()[2:]
-    _atomic(path, lambda tmp: Path(tmp).write_bytes(data))
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_bytes(data)
+
+    _atomic(path, write)
 
 
 def sv_state_dict(size: str, seed: int) -> dict[str, torch.Tensor]:
