@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from bot.chat import ChatClient, ChatError
     from bot.client import VoiceBot
-    from bot.services import Services
+    from bot.config import config_from_dict
+    from bot.http import start_server
+    from bot.services import Services, build_synthesizer
     from bot.speaker import NotInVoice
     from bot.speech import NoVoice, SpeechService
     from bot.store import GUILD_SETTINGS, USER_SETTINGS, SettingDef, setting_def
@@ -27,12 +29,16 @@ __all__ = [
     "ChatClient", "ChatError",
     # the guild and user settings /settings and /set work with
     "GUILD_SETTINGS", "USER_SETTINGS", "SettingDef", "setting_def",
+    # the process's parts built from a config, for the tools beside it (the benchmarks): a config from a dict, the
+    # synthesizer, the HTTP API on a port
+    "config_from_dict", "build_synthesizer", "start_server",
 ]
 
 _LAZY = {  # name -> the module that defines it, imported on first use
     "VoiceBot": "bot.client", "Services": "bot.services",
     "SpeechService": "bot.speech", "NoVoice": "bot.speech", "NotInVoice": "bot.speaker",
     "ChatClient": "bot.chat", "ChatError": "bot.chat",
+    "config_from_dict": "bot.config", "build_synthesizer": "bot.services", "start_server": "bot.http",
     "GUILD_SETTINGS": "bot.store", "USER_SETTINGS": "bot.store", "SettingDef": "bot.store", "setting_def": "bot.store",
 }
 

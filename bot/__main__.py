@@ -1,4 +1,5 @@
-"""``python -m bot``: the command line (run, serve, say, voices, phrases, models, engines, bench)."""
+"""``python -m bot``: the command line (run, serve, say, voices, phrases, models, engines; the bench commands come
+from the ``benchmarks`` package)."""
 
 from __future__ import annotations
 
@@ -76,22 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     sp = esub.add_parser("build", parents=[common], help="export ONNX graphs and build TensorRT engines")
     sp.add_argument("--backend", choices=["onnx", "tensorrt"], default=None)
 
-    sp = sub.add_parser("bench", parents=[common], help="benchmark the engines (prints a table)")
-    sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
-    sp.add_argument("--sizes", default="tiny,real")
-    sp.add_argument("--engines", default="naive,torch,int8,onnx,pipeline,accuracy",
-                    help="any of naive, torch, int8, onnx, graph (the onnx engine with its GPT step graphs instead of "
-                         "the fused CPU step), pipeline, accuracy (int8 vs fp32, teacher-forced)")
-    sp.add_argument("--contend", default="0", help="busy-looping processes beside the measurements: N, or 0,1")
-    sp.add_argument("--batches", default="1,8")
-    sp.add_argument("--steps", type=int, default=100, help="decode steps per measurement (100: a 4 s sentence)")
-    sp = sub.add_parser("bench-streams", parents=[common],
-                        help="how many real-time speech streams this machine holds at once")
-    sp.add_argument("--streams", default=None, help="stream counts to try, like 1,2,4,8 (the default)")
-    sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
-    sp = sub.add_parser("bench-http", parents=[common], help="time to first byte of every HTTP protocol")
-    sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
-    sp.add_argument("--repeat", type=int, default=None, help="requests per row (medians are reported)")
+    import benchmarks  # the bench commands are tools beside the product: they live (and load) there
+
+    benchmarks.add_commands(sub, common)
     return p
 
 
@@ -105,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config = load_config(config_path)
         logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        handler = _COMMANDS[(args.command, getattr(args, "action", None))]
+        handler = getattr(args, "run", None) or _COMMANDS[(args.command, getattr(args, "action", None))]
         return handler(config, args)
     except SpeechError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -459,24 +447,6 @@ def _engines_build(config: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(config: Any, args: argparse.Namespace) -> int:
-    from bot.bench import run_bench
-
-    return run_bench(config, args)
-
-
-def _bench_streams(config: Any, args: argparse.Namespace) -> int:
-    from bot.bench_streams import run_streams_bench
-
-    return run_streams_bench(config, args)
-
-
-def _bench_http(config: Any, args: argparse.Namespace) -> int:
-    from bot.bench_http import run_http_bench
-
-    return run_http_bench(config, args)
-
-
 _COMMANDS = {
     ("run", None): _run,
     ("check-token", None): _check_token,
@@ -488,9 +458,6 @@ _COMMANDS = {
     ("phrases", "precompute"): _phrases_precompute,
     ("models", "download"): _download,
     ("engines", "build"): _engines_build,
-    ("bench", None): _bench,
-    ("bench-http", None): _bench_http,
-    ("bench-streams", None): _bench_streams,
 }
 
 if __name__ == "__main__":

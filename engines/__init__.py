@@ -2,7 +2,8 @@
 
 The layers above see the engine through this surface only: the :class:`Engine` protocol and the numpy types that
 cross it, the error root, the model's fixed rates and sizes, and the functions that load an engine, build its
-exported graphs and write a random model set. ``build_engines`` and ``write_model_set`` load torch, so they are
+exported graphs and write a random model set; and, for the benchmarks only, :mod:`engines.instruments` (what they
+measure from the inside). ``build_engines``, ``write_model_set`` and ``instruments`` load torch, so they are
 imported on first use (module ``__getattr__``): ``import engines`` stays free of torch.
 """
 
@@ -27,6 +28,7 @@ from engines.base import (
 from engines.loader import load_engine
 
 if TYPE_CHECKING:
+    from engines import instruments
     from engines.build import build_engines
     from engines.gpt_sovits.tiny import write_model_set
 
@@ -39,15 +41,22 @@ __all__ = [
     "SAMPLE_RATE", "SSL_SAMPLE_RATE", "SAMPLES_PER_TOKEN", "BERT_DIM",
     # entry points: load one, export/build its graphs, write a random model set (tests, `models make-tiny`)
     "load_engine", "build_engines", "write_model_set",
+    # what the benchmarks measure from the inside (the naive baseline, each backend class, torch-side figures):
+    # a module of its own, for the tools beside the product, never for the layers above
+    "instruments",
 ]
 
-_LAZY = {"build_engines": "engines.build", "write_model_set": "engines.gpt_sovits.tiny"}  # name -> module (torch)
+_LAZY = {  # name -> module (torch); a name that is the module's own is the module itself
+    "build_engines": "engines.build", "write_model_set": "engines.gpt_sovits.tiny",
+    "instruments": "engines.instruments",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
+    module = importlib.import_module(_LAZY[name])
+    value = module if _LAZY[name] == f"{__name__}.{name}" else getattr(module, name)
     globals()[name] = value  # later lookups skip this function
     return value
 

@@ -19,6 +19,7 @@ class EngineSettings(Protocol):
     backend: str
     device: str
     precision: str
+    vocoder_precision: str
     threads: int
     max_batch: int
     cuda_graphs: bool
@@ -111,6 +112,10 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
         set_cpu_threads(1)
     log.info("loading the %s engine on %s (%s)", backend, device, precision)
 
+    if engine.vocoder_precision != "fp32" and (device != "cpu" or backend != "onnx"):
+        raise EngineError(f"engine.vocoder_precision: {engine.vocoder_precision} runs on the onnx engine on a CPU "
+                          f"(this configuration runs {backend} on {device}); set it to fp32")
+
     def torch_engine() -> Engine:
         from engines.torch_engine import TorchEngine
 
@@ -122,7 +127,8 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
             from engines.onnx_engine import OnnxEngine
 
             return OnnxEngine.from_files(models, engine.onnx_dir, device=device, precision=precision,
-                                         threads=engine.threads, max_batch=engine.max_batch)
+                                         threads=engine.threads, max_batch=engine.max_batch,
+                                         vocoder=engine.vocoder_precision)
         from engines.tensorrt_engine import TensorRTEngine
 
         return TensorRTEngine.from_files(models, engine.onnx_dir, engine.tensorrt_dir, device=device,

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from synthesis.cache import SynthesisCache
     from synthesis.pipeline import Synthesizer
     from synthesis.scheduler import DeviceWorker
+    from synthesis.text import text_to_phonemes
     from synthesis.voices import VoiceError, VoiceStore, check_name
 
 __all__ = [
@@ -44,6 +45,8 @@ __all__ = [
     # audio at the edges: an upload read from disk (size checked first), resampling and encoding for Discord and
     # the HTTP formats
     "read_upload_file", "resample", "StreamResampler", "encode_audio", "StreamEncoder", "to_pcm16",
+    # the text front-end on its own (text -> phone ids), which the benchmark times as part of the first audio
+    "text_to_phonemes",
 ]
 
 _LAZY = {  # name -> the module that defines it, imported on first use
@@ -53,6 +56,7 @@ _LAZY = {  # name -> the module that defines it, imported on first use
     "VoiceError": "synthesis.voices",
     "read_upload_file": "synthesis.audio", "resample": "synthesis.audio", "StreamResampler": "synthesis.audio",
     "encode_audio": "synthesis.audio", "StreamEncoder": "synthesis.audio",
+    "text_to_phonemes": "synthesis.text",
 }
 
 

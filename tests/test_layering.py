@@ -1,10 +1,12 @@
 """The layering, read from the source: imports point cogs -> bot -> synthesis -> engines, through each package's
-public surface, and discord / torch stay in their layers.
+public surface, and discord / torch stay in their layers; the benchmarks sit beside the product and use it the same way.
 
-Every module of the four packages is parsed (``ast``, nothing is imported), and every import statement counts:
+Every module of the five packages is parsed (``ast``, nothing is imported), and every import statement counts:
 top level, inside functions, under ``TYPE_CHECKING``. The rules:
 
 - a layer imports itself and the layers below it, never one above (engines knows nothing of synthesis, bot, cogs);
+- ``benchmarks`` is a tool beside the product: it may use bot, synthesis and engines (never cogs), and nothing
+  imports it but the one entry in ``ENTRY`` (the bot's command line adds the bench commands);
 - across layers only the package's own surface, ``import synthesis`` or ``from synthesis import X`` with ``X`` in
   ``synthesis.__all__``; never a submodule (``synthesis.pipeline``, ``engines.base``);
 - ``discord`` only in bot/ and cogs/; ``torch``, ``onnxruntime`` and ``tensorrt`` only in engines/.
@@ -23,7 +25,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("cogs", "bot", "synthesis", "engines")  # top to bottom
+LAYERS = ("benchmarks", "cogs", "bot", "synthesis", "engines")  # top to bottom; benchmarks: a tool over the product
+PRODUCT = LAYERS[1:]  # the product's own chain
+NOT_FROM = {"benchmarks": {"cogs"}}  # layers below that a layer still may not import
 RANK = {name: i for i, name in enumerate(LAYERS)}
 ONLY_IN = {  # third-party packages and the layers that may import them
     "discord": {"bot", "cogs"},
@@ -35,16 +39,14 @@ ONLY_IN = {  # third-party packages and the layers that may import them
 # Files that may reach into the layers below and import torch / onnxruntime, with the reason. Only the direction
 # rule still holds for them (nothing here may import a layer above). Keep it short: each entry is a tool or a debt.
 ALLOWED: dict[str, str] = {
-    # `python -m bot bench` measures the engines from the inside: the naive upstream-style loop as the baseline
-    # (engines.gpt_sovits.naive/generate), each backend class built at the batch size being measured
-    # (engines.torch_engine/onnx_engine/export, engines.gpt_sovits.gpt's sizes and KV buckets), the CPU threads set
-    # per process (engines.loader), a random checkpoint edited with torch, the torch/ONNX Runtime versions and CPU
-    # capabilities printed with every figure, and the text front-end timed on its own (synthesis.text). None of
-    # that is, or should be, part of a package's public surface.
-    "bot/bench.py": "the benchmark measures engine internals",
     # Silero VAD's small ONNX model picks the speech in an upload (issue 16 item 8): upload preparation, not speech
     # synthesis, so it has no place behind the Engine protocol; one CPU session, created on first use.
     "synthesis/vad.py": "runs the voice-activity model for upload preparation",
+}
+
+# Imports of a layer above that are the point of a file, with the reason (file, imported package).
+ENTRY: dict[tuple[str, str], str] = {
+    ("bot/__main__.py", "benchmarks"): "the command line adds the bench commands (one lazy import in _parser)",
 }
 
 # Folders where, for now, only the public-surface rule is waived (the direction and the discord/torch rules still
@@ -133,7 +135,13 @@ def violations(imports: list[Import], surfaces: dict[str, set[str]]) -> list[Vio
         if top not in RANK or top == imp.layer:
             continue
         if RANK[top] < RANK[imp.layer]:
-            bad.append(Violation(imp, DIRECTION, f"{imp.layer}/ is below {top}/: imports point {' -> '.join(LAYERS)}"))
+            if (imp.file, top) in ENTRY:
+                continue
+            why = (f"nothing imports {top}/ but the entries in ENTRY" if top not in PRODUCT
+                   else f"{imp.layer}/ is below {top}/: imports point {' -> '.join(PRODUCT)}")
+            bad.append(Violation(imp, DIRECTION, why))
+        elif top in NOT_FROM.get(imp.layer, ()):
+            bad.append(Violation(imp, DIRECTION, f"{imp.layer}/ uses the product below cogs/, not its commands"))
         elif imp.module != top:
             bad.append(Violation(imp, SURFACE, f"reaches into {imp.module}: import it from the package ({top})"))
         elif private := [n for n in imp.names if n not in surfaces[top]]:
@@ -164,6 +172,8 @@ def test_every_exemption_is_still_needed() -> None:
     found = violations(all_imports(), {layer: public_names(layer) for layer in LAYERS})
     stale = [f for f in sorted(ALLOWED) if not any(_allowed(v) for v in found if v.imp.file == f)]
     stale += [f for f in sorted(PENDING_SURFACE) if not any(_pending(v) for v in found if v.imp.file.startswith(f))]
+    imported = {(imp.file, imp.module.split(".")[0]) for imp in all_imports()}
+    stale += [f"{file} -> {top}" for file, top in sorted(ENTRY) if (file, top) not in imported]
     if stale:
         pytest.fail("exemptions no import needs any more (remove them from tests/test_layering.py): "
                     + ", ".join(stale), pytrace=False)
@@ -192,7 +202,8 @@ def _check(tmp_path: Path, files: dict[str, str]) -> list[str]:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     imports = [imp for name in files for imp in imports_of(tmp_path / name, tmp_path)]
-    surfaces = {"synthesis": {"Synthesizer"}, "engines": {"SpeechError"}, "bot": set(), "cogs": set()}
+    surfaces = {"synthesis": {"Synthesizer"}, "engines": {"SpeechError"}, "bot": set(), "cogs": set(),
+                "benchmarks": set()}
     return [f"{v.imp.file}:{v.imp.line} {v.why}" for v in violations(imports, surfaces)]
 
 
@@ -212,3 +223,19 @@ def test_the_checker_finds_each_kind_of_offence(tmp_path: Path) -> None:
     ]
     assert [imp.module for imp in imports_of(tmp_path / "synthesis/c/d.py", tmp_path)] == [
         "synthesis.e", "synthesis.c.g", "engines"]
+
+
+def test_the_benchmarks_sit_beside_the_product(tmp_path: Path) -> None:
+    found = _check(tmp_path, {
+        "benchmarks/a.py": "from bot import Services\nfrom cogs import x\nimport engines.base\n",
+        "bot/__main__.py": "import benchmarks\n",
+        "bot/other.py": "import benchmarks\n",
+        "cogs/c.py": "from benchmarks import gpt\n",
+    })
+    assert found == [
+        "benchmarks/a.py:1 Services not in bot.__all__",
+        "benchmarks/a.py:2 benchmarks/ uses the product below cogs/, not its commands",
+        "benchmarks/a.py:3 reaches into engines.base: import it from the package (engines)",
+        "bot/other.py:1 nothing imports benchmarks/ but the entries in ENTRY",
+        "cogs/c.py:1 nothing imports benchmarks/ but the entries in ENTRY",
+    ]

@@ -567,3 +567,102 @@ int vb_decode_layers(const int64_t *params, int layers, int dim, int heads, int 
     tl_team = 0;
     return 0;
 }
+
+/* -------------------------------------------------------------------------------------------------- sampling */
+
+/* The 32-bit avalanche hash of sampling.py's _mix (xorshift-multiply; arithmetic mod 2^32). */
+static inline uint32_t mix32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x846CA68Bu;
+    return x ^ (x >> 16);
+}
+
+/* The k-th largest (1-based) of v[0..n), reordering v (quickselect). */
+static float kth_largest(float *v, int n, int k) {
+    int lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        const float pivot = v[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {  /* descending: larger values to the left */
+            while (v[i] > pivot) i++;
+            while (v[j] < pivot) j--;
+            if (i <= j) {
+                float t = v[i];
+                v[i++] = v[j];
+                v[j--] = t;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else return v[want];
+    }
+    return v[want];
+}
+
+/* One sampling step for rows 0..B-1 with upstream's rules, the same arithmetic as sampling.py's sample_step (without
+ * top-p: the caller runs the torch sampler when a row uses it) and BatchDecoder._sample_rows' bookkeeping:
+ * no EOS before `min_steps`; repetition penalty over the seen tokens; temperature; top-k keeping ties; softmax; the
+ * exponential race argmax(p / q) with q = -log(u), u a pure function of (row key, step, token). Then the token is
+ * written at tokens[b][steps[b]], marked seen, becomes next_token; eos_at[b] takes the step where the row stops (the
+ * penalised argmax or the sample is EOS) if it has none yet and the row is live; steps[b] += live[b].
+ * Torch and C may differ in the last bit of exp/log, so a sample can differ only where two candidates tie to ~1e-7.
+ * scratch: 2 * V floats. Returns 0, or -1 for arguments out of range. */
+int vb_sample_rows(const float *logits, int B, int V, uint8_t *seen, int64_t *tokens, int tok_stride,
+                   int64_t *steps, int64_t *eos_at, int64_t *next_token, const int64_t *live, const int64_t *top_k,
+                   const float *temperature, const float *penalty, const int64_t *key, int eos, int min_steps,
+                   float *scratch) {
+    if (B < 1 || V < 1 || eos < 0 || eos >= V) return -1;
+    float *x = scratch, *sel = scratch + V;
+    for (int b = 0; b < B; b++) {
+        const float *l = logits + (size_t)b * V;
+        uint8_t *sn = seen + (size_t)b * V;
+        const int64_t step = steps[b];
+        if (step < 0 || step >= tok_stride) return -1;
+        const float rp = penalty[b], t = temperature[b] > 1e-5f ? temperature[b] : 1e-5f;
+        int best_pen = 0;
+        float best_pen_v = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            float v = (i == eos && step < min_steps) ? -INFINITY : l[i];
+            if (sn[i]) v = v < 0 ? v * rp : v / rp;
+            if (i == 0 || v > best_pen_v) {  /* the first maximum, as torch.argmax */
+                best_pen_v = v;
+                best_pen = i;
+            }
+            x[i] = v / t;
+            sel[i] = x[i];
+        }
+        int k = top_k[b] < 1 ? 1 : (top_k[b] > V ? V : (int)top_k[b]);
+        const float pivot = kth_largest(sel, V, k);
+        float m = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if (x[i] >= pivot && x[i] > m) m = x[i];
+        double sum = 0;  /* softmax over the kept logits (the rest are exp(-inf) = 0) */
+        for (int i = 0; i < V; i++) {
+            if (x[i] >= pivot) {
+                x[i] = expf(x[i] - m);
+                sum += x[i];
+            } else {
+                x[i] = 0;
+            }
+        }
+        const float inv = (float)(1.0 / sum);
+        const uint32_t row = mix32((uint32_t)key[b] ^ mix32((uint32_t)(step + 0x3C6EF372)));
+        int tok = 0;
+        float best = -1;
+        for (int i = 0; i < V; i++) {
+            if (x[i] == 0) continue;
+            const uint32_t h = mix32(row ^ mix32((uint32_t)i * 0x9E37u + 0x27D4EB2Fu));
+            const float u = ((float)(h >> 8) + 0.5f) * (1.0f / 16777216.0f);
+            const float r = (x[i] * inv) / -logf(u);
+            if (r > best) { best = r; tok = i; }
+        }
+        tokens[(size_t)b * tok_stride + step] = tok;
+        sn[tok] = 1;
+        if (eos_at[b] < 0 && live[b] > 0 && (best_pen == eos || tok == eos)) eos_at[b] = step;
+        next_token[b] = tok;
+        steps[b] = step + live[b];
+    }
+    return 0;
+}

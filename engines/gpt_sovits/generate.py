@@ -25,7 +25,8 @@ import torch
 
 from engines.base import MAX_DECODE_STEPS, EngineError, SamplingParams, SemanticRequest
 from engines.gpt_sovits.gpt import KV_BUCKET, GptConfig
-from engines.gpt_sovits.sampling import SamplerState, sample_step
+from engines.gpt_sovits import cpu_step
+from engines.gpt_sovits.sampling import MIN_STEPS_BEFORE_EOS, SamplerState, sample_step
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,9 @@ class BatchDecoder:
             self.live = torch.zeros(max_slots, **long)  # [slots] 1 while the row still decodes
             self.eos_at = torch.full((max_slots,), -1, **long)  # [slots] step of the first EOS, -1: none yet
             self.sampler = SamplerState.allocate(max_slots, dev)
+        lib = cpu_step.load_library() if dev.type == "cpu" else None
+        # On a CPU the sampling step is one C call (the torch sampler's ~35 small ops cost 0.5-2 ms a step there)
+        self._c_sampler = None if lib is None else cpu_step.Sampler(lib, v, model.config.eos, MIN_STEPS_BEFORE_EOS)
         # What step() calls for one decode: (rows, kv_len) -> None. The torch engine may swap in a function that
         # replays a CUDA graph captured from graphable_step for that (rows, kv_len) bucket.
         self.run_step: Callable[[int, int], None] = self.graphable_step
@@ -251,6 +255,11 @@ class BatchDecoder:
     def _sample_rows(self, sl: slice, logits: torch.Tensor, live: torch.Tensor) -> None:
         """Sample rows ``sl`` from ``logits`` and update their device state in place."""
         steps = self.steps[sl]
+        if self._c_sampler is not None and not self._use_top_p:
+            st = self.sampler.rows(sl)
+            self._c_sampler(logits, self.seen[sl], self.tokens[sl], steps, self.eos_at[sl], self.next_token[sl], live,
+                            st.top_k, st.temperature, st.repetition_penalty, st.key)
+            return
         tok, stop = sample_step(logits, self.seen[sl], steps, self.sampler.rows(sl), self._max_top_k,
                                 self._use_top_p, self.model.config.eos)
         self.tokens[sl].scatter_(1, steps[:, None], tok[:, None])

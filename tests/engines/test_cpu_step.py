@@ -141,3 +141,67 @@ def test_an_idle_team_sleeps(gpt: Text2SemanticModel) -> None:
     finally:
         cpu_step.set_threads(1)
     torch.testing.assert_close(again, _decode(copy.deepcopy(gpt)), atol=0, rtol=0)
+
+
+def test_the_c_sampler_draws_what_the_torch_sampler_draws() -> None:
+    """BatchDecoder's CPU sampling (one C call) against sampling.sample_step on random logits: the same tokens and
+    stops for greedy, top-k 5/15/100/all, temperatures and penalties, early-EOS steps and dead rows; the bookkeeping
+    (token written at its step, marked seen, EOS step, steps advanced by live) as _sample_rows does it."""
+    from engines.base import SamplingParams
+    from engines.gpt_sovits.sampling import MIN_STEPS_BEFORE_EOS, SamplerState, sample_step
+
+    vocab, rows, eos = 1025, 5, 1024
+    sampler = cpu_step.Sampler(cpu_step.load_library(), vocab, eos, MIN_STEPS_BEFORE_EOS)
+    state = SamplerState.allocate(rows, "cpu")
+    for r, (k, t, rp) in enumerate([(1, 1.0, 1.35), (5, 0.7, 1.0), (15, 1.3, 2.0), (100, 1.0, 1.35), (1025, 0.5, 1.1)]):
+        state.set_row(r, SamplingParams(top_k=k, temperature=t, repetition_penalty=rp, seed=r), vocab)
+    g = torch.Generator().manual_seed(0)
+    stops = 0
+    for _ in range(400):
+        logits = torch.randn(rows, vocab, generator=g) * 3
+        logits[:, eos] += torch.rand(rows, generator=g) * 6  # EOS often near the top
+        seen = torch.rand(rows, vocab, generator=g) < 0.1
+        steps = torch.randint(0, 30, (rows,), generator=g)
+        live = (torch.rand(rows, generator=g) < 0.8).long()
+        want, stop = sample_step(logits, seen, steps, state, vocab, False, eos)
+        tokens = torch.zeros(rows, 1501, dtype=torch.long)
+        eos_at, nxt, steps_after, seen_after = torch.full((rows,), -1), torch.zeros(rows, dtype=torch.long), \
+            steps.clone(), seen.clone()
+        sampler(logits, seen_after, tokens, steps_after, eos_at, nxt, live, state.top_k, state.temperature,
+                state.repetition_penalty, state.key)
+        assert torch.equal(nxt, want)
+        assert torch.equal(tokens.gather(1, steps[:, None])[:, 0], want)
+        assert torch.equal(eos_at, torch.where(stop & (live > 0), steps, torch.full_like(steps, -1)))
+        assert torch.equal(steps_after, steps + live)
+        assert torch.equal(seen_after, seen.scatter(1, want[:, None], True))
+        stops += int(stop.sum())
+    assert stops > 20  # the EOS paths ran (32 with this seed)
+
+
+def test_decoder_tokens_are_the_same_with_the_torch_sampler(gpt: Text2SemanticModel) -> None:
+    """A seeded batch through BatchDecoder: C sampling and torch sampling give the same tokens."""
+    import numpy as np
+
+    from engines.base import SamplingParams
+    from engines.gpt_sovits import generate as gen
+
+    rng = np.random.default_rng(0)
+    args = [(rng.integers(1, 700, n), rng.normal(0, 0.1, (1024, n)).astype(np.float32), rng.integers(0, 1024, n // 2))
+            for n in (17, 29)]
+
+    def run(c_sampler: bool) -> list[np.ndarray]:
+        dec = gen.BatchDecoder(copy.deepcopy(gpt), 2, 256)
+        assert dec._c_sampler is not None
+        if not c_sampler:
+            dec._c_sampler = None
+        for i, a in enumerate(args):
+            dec.add(i, *a, SamplingParams(top_k=15, seed=7 + i, early_stop_num=60))
+        out: dict[int, np.ndarray] = {}
+        while dec.active:
+            out.update(dec.step())
+        return [out[0], out[1]]
+
+    with_c, with_torch = run(True), run(False)
+    assert all(len(a) > 10 for a in with_c)
+    for a, b in zip(with_c, with_torch):
+        np.testing.assert_array_equal(a, b)

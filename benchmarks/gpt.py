@@ -20,9 +20,7 @@ import argparse
 import asyncio
 import json
 import logging
-import resource
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -40,7 +38,6 @@ PROMPT_TOKENS = 150  # a 5.4 s reference (HuBERT 25 Hz + the 0.6 s pad)
 PROMPT_PHONES = 40
 TTFA_REPEATS = 3
 VOCODER_TOKENS = 150  # vocoder RTF: 6 s of audio (25 tokens per second)
-BANDWIDTH_MB = 512  # size of the array read to measure memory bandwidth (far beyond any L3)
 CONTEND_LIMIT_S = 3600  # a competitor process ends by itself after this, whatever happens to the bench
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OMP_WAIT_POLICY",
@@ -85,7 +82,7 @@ def machine_info(threads: int) -> dict[str, Any]:
     import os
     import platform
 
-    import torch
+    from engines import instruments
 
     flags: set[str] = set()
     model = platform.processor() or platform.machine()
@@ -97,56 +94,28 @@ def machine_info(threads: int) -> dict[str, Any]:
                 flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
+    runtimes = instruments.runtime_info()
     info: dict[str, Any] = {
         "cpu": model, "cores": len(os.sched_getaffinity(0)),
         "isa": {f: f in flags for f in ISA_FLAGS},
-        "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "torch_quantized_engine": torch.backends.quantized.engine,
+        **{k: runtimes[k] for k in ("torch", "torch_cpu_capability", "torch_quantized_engine")},
         "env": {k: os.environ[k] for k in ISA_ENV if k in os.environ},
     }
-    try:
-        import onnxruntime as ort
-
-        info["onnxruntime"] = ort.__version__
-        info["onnxruntime_providers"] = ort.get_available_providers()
-    except ImportError:
-        info["onnxruntime"] = None
-    from engines.gpt_sovits import cpu_step
-
-    if cpu_step.load_library() is not None:
-        cc = cpu_step.find_compiler() or "cc"
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-        info["fused_step"] = f"built with {' '.join(version) or cc} ({' '.join(cpu_step.CFLAGS[:2])})"
-    else:
-        info["fused_step"] = f"unavailable: {cpu_step.unavailable_reason()}"
+    info.update({k: v for k, v in runtimes.items() if k not in info})
     info["read_gb_s"] = read_bandwidth_gb_s(threads)
     return info
 
 
 def read_bandwidth_gb_s(threads: int) -> float:
-    """Memory read bandwidth in GB/s: a large fp32 array summed with ``threads`` threads (0: every core), best of 5.
+    """Memory read bandwidth in GB/s with ``threads`` threads (0: every core); see
+    :func:`engines.instruments.read_bandwidth_gb_s`."""
+    from engines import instruments
 
-    The batch-1 GPT step reads every weight once, so this over the weights' bytes is the floor of its time."""
-    import torch
-
-    from engines.runtime import cpu_threads
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(cpu_threads(threads))
-    try:
-        a = torch.ones(BANDWIDTH_MB * 2**20 // 4)  # written once: the pages exist before the reads are timed
-        best = float("inf")
-        for _ in range(6):
-            t0 = time.perf_counter()
-            float(a.sum())
-            best = min(best, time.perf_counter() - t0)
-        return a.numel() * 4 / best / 1e9
-    finally:
-        torch.set_num_threads(before)
+    return instruments.read_bandwidth_gb_s(threads)
 
 
 def gpt_weight_bytes(cfg: Any, precision: str) -> int:
-    """Bytes a decode step of the GPT ``cfg`` (a :class:`~engines.gpt_sovits.gpt.GptConfig`) reads in weights: the
+    """Bytes a decode step of the GPT ``cfg`` (a :class:`engines.instruments.GptConfig`) reads in weights: the
     transformer's linears (1 byte each in int8, 2 in fp16/bf16, else 4) and the fp32 output head. Embeddings are
     gathered (one row per token) and do not count, nor does the KV cache (it grows with the sentence)."""
     linears = cfg.layers * (cfg.dim * 3 * cfg.dim + cfg.dim * cfg.dim + 2 * cfg.dim * cfg.ffn)
@@ -195,22 +164,17 @@ def auto_choice(device: str) -> tuple[str, str]:
     """(backend, precision) that ``engine.backend: auto`` and ``engine.precision: auto`` pick on ``device``."""
     import importlib.util
 
-    from engines.loader import choose_backend, resolve_precision
+    from engines import instruments
 
-    precision = resolve_precision("auto", device)
-    return choose_backend("auto", device, precision, importlib.util.find_spec("tensorrt") is not None), precision
+    precision = instruments.resolve_precision("auto", device)
+    return (instruments.choose_backend("auto", device, precision, importlib.util.find_spec("tensorrt") is not None),
+            precision)
 
 
 def _peak_mem_mb(device: str) -> float:
-    import torch
+    from engines import instruments
 
-    if device.startswith("cuda"):
-        return torch.cuda.max_memory_allocated() / 2**20
-    # VmHWM belongs to this process's own address space (ru_maxrss would carry the parent's over exec)
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return instruments.peak_mem_mb(device)
 
 
 def _requests(batch: int, steps: int, rng: np.random.Generator):  # type: ignore[no-untyped-def]
@@ -250,15 +214,14 @@ def _naive_tokens_per_s(gpt: Any, steps: int) -> float:
     """Decode tokens/s of the naive loop, prefill excluded as for the engines: a ``steps`` run minus a 1-step run."""
     import dataclasses
 
-    from engines.gpt_sovits.naive import naive_generate
-    from engines.gpt_sovits.generate import request_inputs
+    from engines import instruments
 
     (req,) = _requests(1, steps, np.random.default_rng(0))
-    phones, bert, prompt = request_inputs(req)
+    phones, bert, prompt = instruments.request_inputs(req)
 
     def timed(n: int) -> tuple[float, int]:
         t0 = time.perf_counter()
-        tokens = naive_generate(gpt, phones, bert, prompt, dataclasses.replace(req.params, early_stop_num=n))
+        tokens = instruments.naive_generate(gpt, phones, bert, prompt, dataclasses.replace(req.params, early_stop_num=n))
         return time.perf_counter() - t0, len(tokens)
 
     timed(steps)  # warm-up
@@ -267,20 +230,10 @@ def _naive_tokens_per_s(gpt: Any, steps: int) -> float:
     return (n_all - n_one) / max(t_all - t_one, 1e-9)
 
 
-def _zero_eos_in_file(gpt_path: Path) -> None:
-    """Random weights: make EOS never win (its output row zeroed in the checkpoint), so every backend decodes
-    exactly ``early_stop_num`` steps."""
-    import torch
-
-    ckpt = torch.load(gpt_path, map_location="cpu", weights_only=True)
-    ckpt["weight"]["model.ar_predict_layer.weight"][1024].zero_()
-    torch.save(ckpt, gpt_path)
-
-
 def _ttfa_and_rtf(engine: Any, decode_gpt: Callable[[Any], np.ndarray], gin: int) -> tuple[float, float]:
     """Time to first audio for a 10-word sentence (median of a few passes after a warm-up one), and the RTF of a
     4-sentence text (no overlap credit)."""
-    from synthesis.text import text_to_phonemes
+    from synthesis import text_to_phonemes
 
     rng = np.random.default_rng(1)
     (req,) = _requests(1, TOKENS_10_WORDS, rng)
@@ -321,12 +274,11 @@ def _engine_gpt(engine: Any) -> Callable[[Any], np.ndarray]:
 
 
 def _naive_gpt(engine: Any) -> Callable[[Any], np.ndarray]:
-    from engines.gpt_sovits.naive import naive_generate
-    from engines.gpt_sovits.generate import request_inputs
+    from engines import instruments
 
     def run(req: Any) -> np.ndarray:
-        phones, bert, prompt = request_inputs(req)
-        return np.asarray(naive_generate(engine.gpt, phones, bert, prompt, req.params))
+        phones, bert, prompt = instruments.request_inputs(req)
+        return np.asarray(instruments.naive_generate(engine.gpt, phones, bert, prompt, req.params))
 
     return run
 
@@ -346,46 +298,23 @@ def _vocoder_rtf(engine: Any, gin: int) -> float:
     return best / (wav.size / 32000)
 
 
-def _forced_logits(gpt: Any, phones: np.ndarray, bert: np.ndarray, prompt: np.ndarray, steps: int,
-                   fed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """A GPT (the BatchDecoder surface: setup_caches, prefill, decode_step) run for ``steps`` steps, fed back
-    ``fed`` (teacher-forced) or, when None, its own raw argmax (greedy); returns (logits ``[steps, V]``, fed)."""
-    import torch
-
-    from engines.gpt_sovits.gpt import KV_BUCKET
-
-    s = len(phones) + len(prompt)
-    own = fed is None
-    fed_list = [] if own else [int(t) for t in fed]  # type: ignore[union-attr]
-    with torch.inference_mode():
-        gpt.setup_caches(1, -(-(s + steps + 1) // KV_BUCKET) * KV_BUCKET)
-        out = [gpt.prefill(0, torch.as_tensor(phones), torch.as_tensor(bert), torch.as_tensor(prompt)).float()]
-        for i in range(steps - 1):
-            if own:
-                fed_list.append(int(out[-1].argmax()))
-            kv_len = -(-(s + i + 1) // KV_BUCKET) * KV_BUCKET
-            out.append(gpt.decode_step(torch.tensor([fed_list[i]]), torch.tensor([s + i]), None, kv_len)[0].float())
-        return torch.stack(out).numpy(), np.asarray(fed_list, np.int64)
-
-
 def _accuracy_in_process(backend: str, precisions: list[str], models: dict[str, str], tmp: str, size: str,
                          steps: int, threads: int) -> list[AccuracyRow]:
     """Each lower precision of ``backend`` against its fp32, teacher-forced along fp32's argmax path."""
-    from engines.gpt_sovits.generate import request_inputs
-    from engines.runtime import set_cpu_threads
+    from engines import instruments
 
-    set_cpu_threads(threads)
+    instruments.set_cpu_threads(threads)
     (req,) = _requests(1, steps, np.random.default_rng(0))
-    phones, bert, prompt = request_inputs(req)
+    phones, bert, prompt = instruments.request_inputs(req)
 
     def gpt(precision: str) -> Any:
         eng = _build(backend, precision, models, tmp, "cpu", 1, threads)
         return eng.new_gpt() if backend in ("onnx", "graph") else eng.gpt
 
-    ref, fed = _forced_logits(gpt("fp32"), phones, bert, prompt, steps)
+    ref, fed = instruments.forced_logits(gpt("fp32"), phones, bert, prompt, steps)
     rows = []
     for precision in precisions:
-        low, _ = _forced_logits(gpt(precision), phones, bert, prompt, steps, fed)
+        low, _ = instruments.forced_logits(gpt(precision), phones, bert, prompt, steps, fed)
         top_ref, top_low = np.argsort(-ref, 1)[:, :15], np.argsort(-low, 1)[:, :15]
         overlap = np.mean([len(set(a) & set(b)) / 15 for a, b in zip(top_ref, top_low)])
         cos = (ref * low).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(low, axis=1)
@@ -402,9 +331,7 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
     precision and batch size runs in a fresh process of its own with the engine sized for that batch (its static KV
     cache included), so a row's peak memory is that configuration's own and no earlier run's thread pools slow it
     down."""
-    from engines import write_model_set
-    from engines.gpt_sovits.checkpoint import load_gpt_checkpoint, load_sovits_checkpoint
-    from engines.gpt_sovits.gpt import GptConfig
+    from engines import instruments, write_model_set
 
     rows: list[Row] = []
     pipeline_rows: list[PipelineRow] = []
@@ -414,9 +341,9 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
         paths = write_model_set(Path(tmp), size=size, seed=0)
         no_eos = paths["gpt"].with_name("bench-no-eos.ckpt")  # decode-speed runs; the pipeline keeps EOS
         shutil.copyfile(paths["gpt"], no_eos)
-        _zero_eos_in_file(no_eos)
-        gin = int(load_sovits_checkpoint(paths["sovits"]).config["model"]["gin_channels"])
-        gpt_cfg = GptConfig.from_dict(load_gpt_checkpoint(paths["gpt"]).config)
+        instruments.zero_eos_in_file(no_eos)
+        gin = int(instruments.load_sovits_checkpoint(paths["sovits"]).config["model"]["gin_channels"])
+        gpt_cfg = instruments.GptConfig.from_dict(instruments.load_gpt_checkpoint(paths["gpt"]).config)
         models = {k: str(v) for k, v in paths.items()}
         decode_models = {**models, "gpt": str(no_eos)}
         jobs: list[tuple[str, str]] = []
@@ -476,24 +403,22 @@ def _isolated(fn: Callable[..., Any], *args: Any) -> Any:
 
 def _export_once(models: dict[str, str], tmp: str) -> None:
     """Export the ONNX graphs and the int8 step graph (the engines' first start does this once per model)."""
-    from engines.export import ensure_onnx, quantize_step_int8
+    from engines import instruments
 
-    quantize_step_int8(ensure_onnx(argparse.Namespace(**{k: Path(v) for k, v in models.items()}),
+    instruments.quantize_step_int8(instruments.ensure_onnx(argparse.Namespace(**{k: Path(v) for k, v in models.items()}),
                                    Path(tmp) / "onnx"))
 
 
 def _build(engine: str, precision: str, models: dict[str, str], tmp: str, device: str, batch: int,
            threads: int) -> Any:
     """The engine a row measures (``naive`` runs the torch engine's GPT through the naive loop)."""
+    from engines import instruments
+
     paths = argparse.Namespace(**{k: Path(v) for k, v in models.items()})
     if engine in ("onnx", "graph"):
-        from engines.onnx_engine import OnnxEngine
-
-        return OnnxEngine.from_files(paths, Path(tmp) / "onnx", device=device, precision=precision,
+        return instruments.OnnxEngine.from_files(paths, Path(tmp) / "onnx", device=device, precision=precision,
                                      threads=threads, max_batch=batch, gpt="graph" if engine == "graph" else "auto")
-    from engines.torch_engine import TorchEngine
-
-    return TorchEngine.from_files(paths, device=device, precision=precision, max_batch=batch,
+    return instruments.TorchEngine.from_files(paths, device=device, precision=precision, max_batch=batch,
                                   cuda_graphs=engine == "torch", threads=threads)
 
 
@@ -501,10 +426,10 @@ def _bench_engine(engine: str, precision: str, models: dict[str, str], tmp: str,
                   latency: bool, steps: int, device: str, threads: int, gin: int) -> list[Row]:
     """One engine at one precision and batch size: decode tokens/s, and (``latency``) ttfa, RTF and the vocoder's
     RTF, in a process of its own."""
-    from engines.runtime import set_cpu_threads
+    from engines import instruments
 
     if device == "cpu":
-        set_cpu_threads(threads)
+        instruments.set_cpu_threads(threads)
     eng = _build(engine, precision, models, tmp, device, batch, threads)
     if hasattr(eng, "bind_thread"):
         eng.bind_thread()  # as the synthesis worker does: this thread owns the engine's CPU threads
@@ -549,7 +474,7 @@ def _reference_wav() -> bytes:
 
     import soundfile as sf
 
-    from bot.bench_http import synthetic_speech
+    from benchmarks.http import synthetic_speech
 
     buf = io.BytesIO()
     sf.write(buf, synthetic_speech(), 32000, format="WAV")
@@ -561,11 +486,10 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
     """Synthesizer.stream end to end (text front-end, GPT, SoVITS, caches), cold / prosody-hit / audio-hit."""
     import dataclasses
 
-    from bot.config import Config, config_from_dict
-    from bot.services import build_synthesizer
+    from bot import build_synthesizer, config_from_dict
     from synthesis import SynthesisParams
 
-    cfg: Config = config_from_dict({
+    cfg = config_from_dict({
         "models": {k: str(getattr(models, k)) for k in ("gpt", "sovits", "hubert", "bert")},
         "engine": {"backend": backend, "device": "cpu" if device == "cpu" else "cuda", "threads": threads,
                    "precision": precision, "onnx_dir": str(tmp / "onnx")},
@@ -665,9 +589,9 @@ def parse_contend(text: str) -> list[int]:
 
 
 def run_bench(config: Any, args: argparse.Namespace) -> int:
-    from engines.loader import resolve_device
+    from engines import instruments
 
-    device = resolve_device(config.engine.device)
+    device = instruments.resolve_device(config.engine.device)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     batches = [int(b) for b in args.batches.split(",")]
     levels = parse_contend(getattr(args, "contend", "0") or "0")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bot.__main__ import main
-from bot.bench_streams import SENTENCES_PER_STREAM, paragraph, parse_counts, playback
+from benchmarks.streams import SENTENCES_PER_STREAM, paragraph, parse_counts, playback
 from engines.base import SpeechError
 
 

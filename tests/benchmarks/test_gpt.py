@@ -73,7 +73,7 @@ def test_bench_tiny_every_engine_table_and_json(tmp_path: Path, capsys: pytest.C
 
 def test_contention_processes_run_for_the_block_only() -> None:
     """--contend N: N busy processes exist inside the block, none after it."""
-    from bot.bench import Contention, parse_contend
+    from benchmarks.gpt import Contention, parse_contend
 
     with Contention(2) as c:
         assert len(c.procs) == 2 and all(p.is_alive() for p in c.procs)

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from bot.bench_http import CONSENT, LANGUAGE, TRANSCRIPT, WARMUP_TEXT, bench_config, synthetic_speech
-from bot.services import build_synthesizer, default_params
+from benchmarks.http import CONSENT, LANGUAGE, TRANSCRIPT, WARMUP_TEXT, bench_config, synthetic_speech
+from bot import build_synthesizer
 from synthesis import SAMPLE_RATE, SpeechError, SynthesisParams, Synthesizer, Voice, encode_audio
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ async def _bench(config: Any, counts: list[int]) -> tuple[list[StreamsRow], dict
             voice, _ = await synth.voicing.create(f"bench-streams-{os.getpid()}",
                                                 encode_audio(synthetic_speech(), SAMPLE_RATE, "wav"), "bench.wav",
                                                 consent=CONSENT, transcript=TRANSCRIPT, language=LANGUAGE)
-            params = dataclasses.replace(default_params(config), language=LANGUAGE)
+            params = dataclasses.replace(config.synthesis.params, language=LANGUAGE)
             async for _ in synth.stream(WARMUP_TEXT, voice, dataclasses.replace(params, seed=1)):
                 pass  # untimed: first-use costs of kernels and caches
             rows = [await _measure(synth, voice, params, n, k + 1) for k, n in enumerate(counts)]

@@ -27,8 +27,7 @@ from typing import Any, Awaitable, Callable
 import aiohttp
 import numpy as np
 
-from bot.http import start_server
-from bot.services import Services, build_synthesizer, default_params
+from bot import Services, build_synthesizer, start_server
 from synthesis import SAMPLE_RATE, SpeechError, SynthesisParams, Synthesizer, Voice, encode_audio
 
 log = logging.getLogger(__name__)
@@ -227,7 +226,7 @@ async def _bench(config: Any, repeat: int) -> tuple[list[HttpRow], dict[str, Any
             runner = await start_server(Services(config, synth), "127.0.0.1", 0)
             port = runner.addresses[0][1]
             client = _Client(f"http://127.0.0.1:{port}", config.secret(config.http.token_env))
-            params = dataclasses.replace(default_params(config), language=LANGUAGE, seed=SEED)
+            params = dataclasses.replace(config.synthesis.params, language=LANGUAGE, seed=SEED)
             await _doors(WARMUP_TEXT)[0][1](client, voice)  # untimed: first-use costs of kernels and caches
             rows = await _measure(synth, client, voice, params, repeat)
             meta = {"engine": synth.engine_name, "device": synth.device, "precision": synth.precision,

@@ -1,0 +1,93 @@
+"""The int8 vocoder (engines/vocoder_int8.py, ``engine.vocoder_precision: int8``): which convolutions it quantises,
+made once, and how far its audio is from fp32 on the golden SoVITS (its speed is the bench's: ``voc RTF`` of the
+``onnx int8-voc`` row)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from engines.base import EngineError
+from engines.export import ensure_onnx
+from tests.golden import Golden
+
+pytestmark = pytest.mark.timeout(300)
+
+MIN_SNR_DB = 20.0  # int8 against fp32 on the golden decodes (measured 24.5-24.8 dB; the real size with random
+# weights: 32 dB)
+
+
+@pytest.fixture(scope="module")
+def models(golden: Golden) -> SimpleNamespace:
+    return SimpleNamespace(gpt=golden.gpt_path, sovits=golden.sovits_path, hubert=golden.dir / "no-hubert",
+                           bert=golden.dir / "no-bert")
+
+
+@pytest.fixture(scope="module")
+def export_dir(models: SimpleNamespace, golden_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the golden export (the int8 graph is written next to the fp32 one)."""
+    root = tmp_path_factory.mktemp("int8-vocoder")
+    folder = ensure_onnx(models, golden_onnx_dir)
+    shutil.copytree(folder, root / folder.name)
+    return root
+
+
+def _snr_db(ref: np.ndarray, x: np.ndarray) -> float:
+    return float(10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / np.sum((x - ref).astype(np.float64) ** 2)))
+
+
+def test_int8_vocoder_quantises_the_resblock_convolutions_once(models, export_dir: Path) -> None:
+    import onnx
+
+    from engines.vocoder_int8 import QUANTISED_BLOCKS, quantize_vocoder_int8
+
+    folder = ensure_onnx(models, export_dir)
+    path = quantize_vocoder_int8(folder)
+    made = path.stat().st_mtime_ns
+    assert quantize_vocoder_int8(folder) == path and path.stat().st_mtime_ns == made  # cached
+    assert not list(folder.glob("*.tmp.onnx")) and not list(folder.glob("*augmented*"))
+    fp32 = onnx.load(str(folder / "sovits_decode.onnx"))
+    int8 = onnx.load(str(path))
+    blocks = [n.name for n in fp32.graph.node if n.op_type == "Conv" and QUANTISED_BLOCKS in n.name]
+    assert blocks, "the decoder has residual-block convolutions"
+    quantised = {n.output[0] for n in int8.graph.node if n.op_type == "DequantizeLinear"}
+    conv_inputs = {n.name: n.input for n in int8.graph.node if n.op_type == "Conv"}
+    for name in blocks:  # the input and the weight of every resblock conv come out of a DequantizeLinear
+        assert conv_inputs[name][0] in quantised and conv_inputs[name][1] in quantised, name
+    others = [n for n in int8.graph.node if n.op_type in ("Conv", "ConvTranspose") and QUANTISED_BLOCKS not in n.name]
+    assert others and all(n.input[1] not in quantised for n in others)  # the rest keeps fp32 weights
+
+
+def test_int8_vocoder_audio_is_close_to_fp32(models, export_dir: Path, golden: Golden) -> None:
+    from engines.onnx_engine import OnnxEngine
+
+    s = golden.sovits_io
+    eng = {v: OnnxEngine.from_files(models, export_dir, device="cpu", precision="fp32", threads=1, max_batch=1,
+                                    vocoder=v) for v in ("fp32", "int8")}
+    cases = [("wav_ns0", 0.0), *[(k, v) for k, v in golden.noise_cases.items()]]
+    for case, noise in cases:
+        wav = {v: e.decode_with_noise(s["codes"], s["text"], s["ge"][0], noise_scale=noise,
+                                      eps=torch.as_tensor(s["eps"])).numpy() for v, e in eng.items()}
+        np.testing.assert_allclose(wav["fp32"], s[case], rtol=0, atol=1e-4)  # the fp32 graph is upstream's
+        assert wav["int8"].shape == wav["fp32"].shape
+        snr = _snr_db(wav["fp32"], wav["int8"])
+        assert snr >= MIN_SNR_DB, f"{case}: int8 vocoder {snr:.1f} dB from fp32"
+
+
+def test_int8_vocoder_is_a_cpu_onnx_option(models, export_dir: Path, tmp_path: Path) -> None:
+    from bot.config import EngineConfig
+    from engines.loader import load_engine
+    from engines.onnx_engine import OnnxEngine
+
+    with pytest.raises(EngineError, match="vocoder_precision"):
+        OnnxEngine.from_files(models, export_dir, device="cpu", vocoder="int4")
+    cfg = EngineConfig(backend="torch", device="cpu", precision="fp32", vocoder_precision="int8", threads=1)
+    with pytest.raises(EngineError, match="runs on the onnx engine on a CPU"):
+        load_engine(cfg, models)
+    with pytest.raises(ValueError, match="vocoder_precision"):
+        EngineConfig(vocoder_precision="fp16")
