@@ -34,8 +34,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     sp.add_argument("--sizes", default="tiny,real")
     sp.add_argument("--engines", default="naive,torch,int8,onnx,pipeline,accuracy,families",
                     help="any of naive, torch, int8, onnx, graph (the onnx engine with its GPT step graphs instead of "
-                         "the fused CPU step), pipeline, accuracy (int8 vs fp32, teacher-forced), families (the "
-                         "vocoder RTF of v2, v2Pro and v2ProPlus on torch and onnx)")
+                         "the fused CPU step), voc8 (the onnx engine with int8 GPT and int8 vocoder; with pipeline: its pipeline "
+                         "rows too), pipeline, accuracy (int8 vs fp32, teacher-forced), families (the vocoder RTF of "
+                         "v2, v2Pro and v2ProPlus on torch and onnx)")
     sp.add_argument("--contend", default="0", help="busy-looping processes beside the measurements: N, or 0,1")
     sp.add_argument("--batches", default="1,8")
     sp.add_argument("--steps", type=int, default=100, help="decode steps per measurement (100: a 4 s sentence)")

@@ -40,6 +40,7 @@ PROMPT_TOKENS = 150  # a 5.4 s reference (HuBERT 25 Hz + the 0.6 s pad)
 PROMPT_PHONES = 40
 TTFA_REPEATS = 3
 VOCODER_TOKENS = 150  # vocoder RTF: 6 s of audio (25 tokens per second)
+VOC8 = "onnx-v8"  # row label: the onnx engine (int8 GPT) with the int8 vocoder (engine.vocoder_precision: int8)
 FAMILIES = ("v2", "v2Pro", "v2ProPlus")  # SoVITS families whose vocoders ``families`` times
 REFERENCE_S = 3  # seconds of the synthetic reference a family's voice is encoded from
 CONTEND_LIMIT_S = 3600  # a competitor process ends by itself after this, whatever happens to the bench
@@ -376,7 +377,9 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
             jobs += [("onnx", "fp32"), ("onnx", "int8")]
         if "graph" in engines and device == "cpu":  # the onnx engine with the GPT step graphs (what the fused step beat)
             jobs += [("graph", "fp32"), ("graph", "int8")]
-        if device == "cpu" and ("onnx" in engines or "graph" in engines):  # exported once, outside the timed processes
+        if "voc8" in engines and device == "cpu":  # the onnx engine's int8 GPT with the int8 vocoder
+            jobs.append((VOC8, "int8"))
+        if device == "cpu" and any(e in engines for e in ("onnx", "graph", "voc8")):  # exported once, outside the timed processes
             _isolated(_export_once, decode_models, tmp)
         family_sets = {"v2": models}
         if "families" in engines:  # the same sizes and seed, each family's SoVITS (and SV model) in a folder of its own
@@ -390,12 +393,16 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
                                           batch == min(batches), steps, device, threads, gin))
             if "pipeline" in engines:
                 backend = auto[0] if auto[0] in ("torch", "onnx") else "torch"
-                for precision in ["fp32" if device == "cpu" else "fp16"] + (
-                        ["int8"] if "int8" in engines and device == "cpu" else []):
+                runs = [("fp32" if device == "cpu" else "fp16", "fp32")]
+                if "int8" in engines and device == "cpu":
+                    runs.append(("int8", "fp32"))
+                if "voc8" in engines and device == "cpu" and backend == "onnx":
+                    runs.append(("int8", "int8"))
+                for precision, vocoder in runs:
                     pipeline_rows.extend(_isolated(_pipeline_in_process, backend, models, tmp, size, device, threads,
-                                                   precision))
+                                                   precision, vocoder))
             if "families" in engines:
-                for engine, precision in _vocoder_jobs(device):
+                for engine, precision in _vocoder_jobs(device, engines):
                     vocoders.extend(_isolated(_vocoders_in_process, engine, precision, family_sets, tmp, size, device,
                                               threads))
         if "accuracy" in engines and device == "cpu" and contend == 0:
@@ -412,18 +419,18 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
             r.x_floor = 1000 * r.batch / r.tokens_per_s / r.floor_ms
     for p in pipeline_rows:
         p.contend = contend
-        p.default = (p.backend, p.precision) == auto
+        p.default = (p.backend, p.precision) == auto and p.vocoder == "fp32"
     for v in vocoders:
         v.contend = contend
     return rows, pipeline_rows, accuracy, vocoders
 
 
-def _vocoder_jobs(device: str) -> list[tuple[str, str]]:
+def _vocoder_jobs(device: str, engines: list[str]) -> list[tuple[str, str]]:
     """(engine, precision) pairs whose vocoders ``families`` times: torch and onnx at the vocoder's precision (the
-    int8 settings quantise the GPT only, so their vocoder is the fp32 one)."""
-    if device == "cpu":
-        return [("torch", "fp32"), ("onnx", "fp32")]
-    return [("torch", "fp16")]
+    int8 settings quantise the GPT only, so their vocoder is the fp32 one), and with ``voc8`` the int8 vocoder."""
+    if device != "cpu":
+        return [("torch", "fp16")]
+    return [("torch", "fp32"), ("onnx", "fp32")] + ([(VOC8, "int8")] if "voc8" in engines else [])
 
 
 def _vocoders_in_process(engine: str, precision: str, family_sets: dict[str, dict[str, str]], tmp: str, size: str,
@@ -471,8 +478,9 @@ def _export_once(models: dict[str, str], tmp: str) -> None:
     """Export the ONNX graphs and the int8 step graph (the engines' first start does this once per model)."""
     from engines import instruments
 
-    instruments.quantize_step_int8(instruments.ensure_onnx(argparse.Namespace(**{k: Path(v) for k, v in models.items()}),
-                                   Path(tmp) / "onnx"))
+    folder = instruments.ensure_onnx(argparse.Namespace(**{k: Path(v) for k, v in models.items()}), Path(tmp) / "onnx")
+    instruments.quantize_step_int8(folder)
+    instruments.quantize_vocoder_int8(folder)
 
 
 def _build(engine: str, precision: str, models: dict[str, str], tmp: str, device: str, batch: int,
@@ -481,9 +489,11 @@ def _build(engine: str, precision: str, models: dict[str, str], tmp: str, device
     from engines import instruments
 
     paths = argparse.Namespace(**{k: Path(v) for k, v in models.items()})
-    if engine in ("onnx", "graph"):
+    if engine in ("onnx", "graph", VOC8):
         return instruments.OnnxEngine.from_files(paths, Path(tmp) / "onnx", device=device, precision=precision,
-                                     threads=threads, max_batch=batch, gpt="graph" if engine == "graph" else "auto")
+                                                 threads=threads, max_batch=batch,
+                                                 gpt="graph" if engine == "graph" else "auto",
+                                                 vocoder="int8" if engine == VOC8 else "fp32")
     return instruments.TorchEngine.from_files(paths, device=device, precision=precision, max_batch=batch,
                                   cuda_graphs=engine == "torch", threads=threads)
 
@@ -512,9 +522,9 @@ def _bench_engine(engine: str, precision: str, models: dict[str, str], tmp: str,
 
 
 def _pipeline_in_process(backend: str, models: dict[str, str], tmp: str, size: str, device: str, threads: int,
-                         precision: str) -> list[PipelineRow]:
+                         precision: str, vocoder: str = "fp32") -> list[PipelineRow]:
     return asyncio.run(_bench_pipeline(argparse.Namespace(**models), Path(tmp), size, device, threads, precision,
-                                       backend))
+                                       backend, vocoder))
 
 
 @dataclass
@@ -528,6 +538,7 @@ class PipelineRow:
     backend: str = "torch"
     contend: int = 0
     default: bool = False
+    vocoder: str = "fp32"  # engine.vocoder_precision
 
 
 PIPELINE_TEXT = ("The weather is lovely this morning. We could walk to the river after lunch. "
@@ -548,7 +559,7 @@ def _reference_wav() -> bytes:
 
 
 async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, threads: int,
-                          precision: str, backend: str = "torch") -> list[PipelineRow]:
+                          precision: str, backend: str = "torch", vocoder: str = "fp32") -> list[PipelineRow]:
     """Synthesizer.stream end to end (text front-end, GPT, SoVITS, caches), cold / prosody-hit / audio-hit."""
     import dataclasses
 
@@ -558,8 +569,9 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
     cfg = config_from_dict({
         "models": {k: str(getattr(models, k)) for k in ("gpt", "sovits", "hubert", "bert")},
         "engine": {"backend": backend, "device": "cpu" if device == "cpu" else "cuda", "threads": threads,
-                   "precision": precision, "onnx_dir": str(tmp / "onnx")},
-        "voices": {"dir": str(tmp / f"voices-{precision}")}, "cache": {"dir": str(tmp / f"cache-{precision}")},
+                   "precision": precision, "vocoder_precision": vocoder, "onnx_dir": str(tmp / "onnx")},
+        "voices": {"dir": str(tmp / f"voices-{precision}-{vocoder}")},
+        "cache": {"dir": str(tmp / f"cache-{precision}-{vocoder}")},
     })
     synth = build_synthesizer(cfg)
     rows = []
@@ -579,7 +591,7 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
                 audio += chunk.audio.size
             total = time.perf_counter() - t0
             rows.append(PipelineRow(precision, size, case, ttfa or 0.0, total / (audio / 32000), audio / 32000,
-                                    backend))
+                                    backend, vocoder=vocoder))
         await synth.voicing.delete(voice.id)
     finally:
         await synth.close()
@@ -587,10 +599,11 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
 
 
 def format_pipeline_table(rows: list[PipelineRow]) -> str:
-    head = f"{'backend':7} {'prec':5} {'size':5} {'case':12} {'ttfa s':>8} {'RTF':>7} {'audio s':>8} {'contend':>7}"
+    head = f"{'backend':7} {'prec':5} {'voc':5} {'size':5} {'case':12} {'ttfa s':>8} {'RTF':>7} {'audio s':>8} " \
+           f"{'contend':>7}"
     lines = [f"Synthesizer.stream, 3 sentences ({len(PIPELINE_TEXT.split())} words); * = what auto picks here:",
              head, "-" * len(head)]
-    lines += [f"{r.backend:7} {r.precision:5} {r.size:5} {r.case:12} {r.ttfa_s:8.3f} {r.rtf:7.3f} {r.audio_s:8.2f} "
+    lines += [f"{r.backend:7} {r.precision:5} {r.vocoder:5} {r.size:5} {r.case:12} {r.ttfa_s:8.3f} {r.rtf:7.3f} {r.audio_s:8.2f} "
               f"{r.contend:7d}{' *' if r.default else ''}" for r in rows]
     return "\n".join(lines)
 
@@ -705,6 +718,6 @@ def run_bench(config: Any, args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps({"meta": info, "rows": [asdict(r) for r in rows] + [
             {"engine": "pipeline", **asdict(p)} for p in pipeline_rows], "accuracy": [asdict(a) for a in accuracy],
-            "vocoder": [asdict(v) for v in vocoders]}, indent=1))
+            "families": [asdict(v) for v in vocoders]}, indent=1))
         print(f"wrote {args.json}")
     return 0
