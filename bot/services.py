@@ -29,7 +29,7 @@ class Services:
     voices: VoiceService | None = None  # a voice's life (create, share, delete, forget-me); with the store
 
     def __post_init__(self) -> None:
-        if self.voices is None and self.store is not None:
+        if self.voices is None:  # without a store (the HTTP API alone) it only reads voices
             self.voices = VoiceService(self.store, self.synthesizer, phrases=self.config.phrases)
 
 

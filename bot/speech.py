@@ -296,20 +296,6 @@ class SpeechService:
         user = {} if getattr(member, "bot", False) else await self.store.user_settings(member.id, guild.id)
         return await self._resolve_voice(guild.id, member, settings, user)
 
-    async def usable_voices(self, guild_id: int, user_id: int) -> list[Voice]:
-        """Voices a member may select in a guild: their own, the server's, those shared with it, the operator's."""
-        seen: dict[str, Voice] = {}
-        for v in await self._list_voices(user_id):
-            seen.setdefault(v.id, v)
-        ids = await self.store.guild_voices(guild_id) + await self.store.shared_voices(guild_id)
-        for vid in ids:
-            v = await self._get_voice(vid)
-            if v is not None:
-                seen.setdefault(v.id, v)
-        for v in await self._list_voices(0):
-            seen.setdefault(v.id, v)
-        return list(seen.values())
-
     async def _resolve_voice(self, guild_id: int, member: Any, settings: dict[str, Any], user: dict[str, Any]) -> Voice:
         """The voice-choice order of the module docstring."""
         if getattr(member, "bot", False):

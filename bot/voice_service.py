@@ -66,13 +66,13 @@ class VoiceService:
 
     Parameters
     ----------
-    store: the bot's database.
+    store: the bot's database; None for a process without one (the HTTP API alone), which only reads voices.
     synthesizer: its voice store (``voices``) and its voice work (``voicing``: encoding, precompute); for a process
         that only deletes (the CLI), ``voices`` alone may be given instead.
     phrases: the configured common phrases (precomputed for every new voice, before the guild's own).
     """
 
-    def __init__(self, store: Store, synthesizer: Synthesizer | None = None, *, voices: VoiceStore | None = None,
+    def __init__(self, store: Store | None, synthesizer: Synthesizer | None = None, *, voices: VoiceStore | None = None,
                  phrases: Sequence[str] = ()) -> None:
         self.store = store
         self.synthesizer = synthesizer
@@ -81,6 +81,12 @@ class VoiceService:
             raise ValueError("VoiceService needs a synthesizer or a voice store")
         self.voices: VoiceStore = resolved
         self.phrases = list(phrases)
+
+    @property
+    def _db(self) -> Store:
+        if self.store is None:
+            raise RuntimeError("this voice service has no database: it can only read voices")
+        return self.store
 
     # ---- create ------------------------------------------------------------------------------------------------
 
@@ -95,12 +101,12 @@ class VoiceService:
         """
         voicing = self._voicing()
         voice_id = uuid.uuid4().hex
-        await self.store.begin_voice_create(voice_id)
+        await self._db.begin_voice_create(voice_id)
         try:
             voice, warnings = await voicing.create(
                 name, data, filename, owner_id=owner_id, consent=consent, transcript=transcript, language=language,
                 enrollment_prompt=enrollment_prompt, progress=progress, voice_id=voice_id)
-            chosen = await self.store.commit_voice(voice_id, owner_id, guild_id=guild_id, server=server)
+            chosen = await self._db.commit_voice(voice_id, owner_id, guild_id=guild_id, server=server)
         except BaseException:
             await asyncio.shield(self._undo_create(voice_id))
             raise
@@ -112,12 +118,12 @@ class VoiceService:
         try:
             await self._delete_files(voice_id)
         finally:
-            await self.store.end_voice([voice_id])
+            await self._db.end_voice([voice_id])
 
     async def _precompute(self, voice: Voice, guild_id: int | None,
                           progress: PhraseProgress | None) -> tuple[asyncio.Task[int] | None, int]:
         """Start the background precompute of the common and the guild's phrases."""
-        guild_phrases = await self.store.phrases(guild_id) if guild_id is not None else []
+        guild_phrases = await self._db.phrases(guild_id) if guild_id is not None else []
         phrases = list(dict.fromkeys([*self.phrases, *guild_phrases]))
         if not phrases:
             return None, 0
@@ -137,21 +143,21 @@ class VoiceService:
         if voice.owner_id != user_id:
             raise VoiceError(f"only the owner of {voice.name!r} can share it")
         if shared:
-            return await self.store.share_voice(voice.id, guild_id, user_id)
-        return await self.store.unshare_voice(voice.id, guild_id)
+            return await self._db.share_voice(voice.id, guild_id, user_id)
+        return await self._db.unshare_voice(voice.id, guild_id)
 
     # ---- delete / forget-me ------------------------------------------------------------------------------------
 
     async def delete(self, voice_id: str) -> dict[str, int]:
         """Delete a voice: its rows, its files, its cache entries; counts of rows per table."""
-        counts = await self.store.begin_voice_delete([voice_id])
+        counts = await self._db.begin_voice_delete([voice_id])
         await self._finish_delete([voice_id])
         return counts
 
     async def forget_user(self, user_id: int) -> tuple[int, dict[str, int]]:
         """Delete every voice of a user and every row about them: (voices deleted, rows per table)."""
         voice_ids = [v.id for v in await self.list(user_id)]
-        counts = await self.store.begin_voice_delete(voice_ids, user_id=user_id)
+        counts = await self._db.begin_voice_delete(voice_ids, user_id=user_id)
         await self._finish_delete(voice_ids)
         log.info("forgot user %d: %d voice(s), %s", user_id, len(voice_ids), counts)
         return len(voice_ids), counts
@@ -159,7 +165,7 @@ class VoiceService:
     async def _finish_delete(self, voice_ids: Sequence[str]) -> None:
         for voice_id in voice_ids:
             await self._delete_files(voice_id)
-        await self.store.end_voice(voice_ids)
+        await self._db.end_voice(voice_ids)
 
     async def _delete_files(self, voice_id: str) -> None:
         """Stop the voice's precomputes, retire it in the cache, delete its folder (nothing there: nothing to do)."""
@@ -176,12 +182,12 @@ class VoiceService:
 
     async def recover(self) -> int:
         """Finish or undo what a crash interrupted (see the module docstring); returns how many voices it touched."""
-        journal = await self.store.voice_journal()
+        journal = await self._db.voice_journal()
         for voice_id, op in journal:
             log.warning("voice %s: finishing an interrupted %s", voice_id, "deletion" if op == "delete" else
                         "creation (undone)")
             if op == "delete":
-                await self.store.begin_voice_delete([voice_id])  # the rows again, in case it never got that far
+                await self._db.begin_voice_delete([voice_id])  # the rows again, in case it never got that far
             await self._finish_delete([voice_id])
         return len(journal)
 
@@ -190,6 +196,10 @@ class VoiceService:
     async def get(self, voice_id: str) -> Voice:
         """The voice with this id (off the event loop)."""
         return await asyncio.to_thread(self.voices.get, voice_id)
+
+    async def find(self, name: str, owner_id: int | None = None) -> Voice:
+        """The voice with this name (case-insensitive; of this owner when given), off the event loop."""
+        return await asyncio.to_thread(self.voices.find, name, owner_id)
 
     async def list(self, owner_id: int | None = None) -> list[Voice]:
         """Voices of one owner (every voice when None), sorted by name (off the event loop)."""
@@ -203,7 +213,7 @@ class VoiceService:
     async def usable(self, guild_id: int, user_id: int) -> list[tuple[Voice, str]]:
         """``(voice, kind)`` for every voice the member can use in the guild, each once under its most personal
         kind (:data:`KIND_ORDER`: their own, the guild's server voices, voices shared with it, the operator's)."""
-        server, shared = await self.store.guild_voices(guild_id), await self.store.shared_voices(guild_id)
+        server, shared = await self._db.guild_voices(guild_id), await self._db.shared_voices(guild_id)
         return await asyncio.to_thread(self._usable, user_id, server, shared)
 
     def _usable(self, user_id: int, server: Sequence[str], shared: Sequence[str]) -> list[tuple[Voice, str]]:

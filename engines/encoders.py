@@ -1,14 +1,18 @@
-"""HuBERT and BERT, loaded on first use and shared by every backend (they run in torch everywhere)."""
+"""HuBERT and BERT, loaded on first use and shared by every backend (they run in torch everywhere), and the reference
+encode every backend runs with them."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Sequence
 
+import numpy as np
 import torch
 
 from engines.base import EngineError
+from engines.gpt_sovits.sovits import mean_style
+from engines.gpt_sovits.spectrogram import reference_spec_input
 
 if TYPE_CHECKING:
     from engines.gpt_sovits.bert import BertFeaturizer
@@ -49,3 +53,29 @@ class LazyEncoders:
         if path is None:
             raise EngineError(f"no {name.upper()} model configured (models.{name} in config.yaml)")
         return path
+
+
+def encode_reference(encoders: LazyEncoders, wav16k: np.ndarray | None, refs32k: Sequence[np.ndarray], *,
+                     extract_latent: Callable[[torch.Tensor], torch.Tensor],
+                     ref_style: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+                     svs: Sequence[torch.Tensor | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A reference clip -> (prompt tokens, ge), the steps of ``Engine.encode_reference`` for every backend.
+
+    HuBERT features of ``wav16k`` (``[1, 768, T50]``; skipped when None: reference-free) go through the backend's
+    ``extract_latent`` (its SoVITS quantizer, ``-> [1, 1, T25]`` codes); each 32 kHz clip's linear spectrogram
+    (``[1, 1025, frames]``) through its ``ref_style`` with that clip's speaker features (``svs[i]``, v2Pro; else
+    None), and the styles are averaged.
+
+    Returns
+    -------
+    ``[T25]`` int64 prompt tokens (empty when reference-free) and ``ge`` ``[gin, 1]`` float32.
+    """
+    if not refs32k:
+        raise EngineError("encode_reference needs at least one 32 kHz reference clip")
+    tokens = np.zeros(0, np.int64)
+    if wav16k is not None:
+        ssl = encoders.hubert().encode(wav16k)  # [1, 768, T50]
+        tokens = extract_latent(ssl)[0, 0].cpu().numpy().astype(np.int64)
+    rows: Sequence[torch.Tensor | None] = svs if svs is not None else [None] * len(refs32k)
+    ges = [ref_style(reference_spec_input(np.asarray(wav, np.float32)), sv) for wav, sv in zip(refs32k, rows)]
+    return tokens, mean_style(ges)[0].float().cpu().numpy()  # mean over the clips: [1, gin, 1] -> [gin, 1]

@@ -26,15 +26,13 @@ import numpy as np
 import torch
 
 from engines.base import BERT_DIM, ChunkCallback, EngineError, ModelPaths, SemanticBatch, VoicePrompt
-from engines.encoders import LazyEncoders
+from engines.encoders import LazyEncoders, encode_reference
 from engines.export import MANIFEST, load_manifest, model_key
 from engines.gpt_sovits import cpu_step
 from engines.gpt_sovits.checkpoint import (V2PRO_VERSIONS, file_fingerprint, load_sovits_checkpoint, model_id,
                                           require_model_files)
 from engines.gpt_sovits.generate import MAX_CONTEXT, SYNC_EVERY, BatchDecoder, SlotBatch
 from engines.gpt_sovits.gpt import KV_BUCKET, GptConfig, Text2SemanticModel
-from engines.gpt_sovits.sovits import mean_style
-from engines.gpt_sovits.spectrogram import reference_spec_input
 from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice, require_sv_model
 from engines.runtime import use_lane_stream
 
@@ -257,15 +255,9 @@ class GraphEngine:
                          sv_emb: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """As the Engine protocol; for a v2Pro/v2ProPlus SoVITS each clip's style is fused with its SV features:
         ``sv_emb`` from :meth:`encode_speaker` (computed here when None), row i for ``refs32k[i]``."""
-        if not refs32k:
-            raise EngineError("encode_reference needs at least one 32 kHz reference clip")
-        svs = self._sv_rows(refs32k, sv_emb)  # v2Pro: [1, sv_dim] per clip; v2: None per clip
-        tokens = np.zeros(0, np.int64)
-        if wav16k is not None:
-            ssl = self.encoders.hubert().encode(wav16k)  # [1, 768, T50]
-            tokens = self.extract_latent(ssl)[0, 0].cpu().numpy().astype(np.int64)
-        ges = [self.ref_style(reference_spec_input(np.asarray(w, np.float32)), sv) for w, sv in zip(refs32k, svs)]
-        return tokens, mean_style(ges)[0].float().cpu().numpy()
+        svs = self._sv_rows(refs32k, sv_emb) if refs32k else None  # v2Pro: [1, sv_dim] per clip; v2: None each
+        return encode_reference(self.encoders, wav16k, refs32k, svs=svs, extract_latent=self.extract_latent,
+                                ref_style=self.ref_style)
 
     def _sv_rows(self, refs32k: Sequence[np.ndarray], sv_emb: np.ndarray | None) -> list[torch.Tensor | None]:
         """Each clip's SV features ``[1, sv_dim]`` (``sv_emb``'s rows, or computed), or None per clip for v2."""

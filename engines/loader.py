@@ -53,8 +53,9 @@ def resolve_device(device: str) -> str:
 #   threads that wait for each other at every product collapse there, as torch's OpenMP pool did: 555-611 ms per
 #   fp32 step with 2 threads on 2 loaded cores, against 69-91 ms with one).
 # - precision int8: the GPT's linears int8 per output channel, weight-only (activations stay fp32), a bf16 KV cache;
-#   the vocoder stays fp32. Proven along upstream's greedy paths on the golden data with a logit bound of 0.12
-#   (measured 0.088; tests/engines/test_int8_proof.py), tighter than the dynamic int8 it replaces (0.17).
+#   the vocoder stays fp32. Proven along upstream's greedy paths on the golden data with a logit bound of 0.15
+#   (measured 0.107, its prefill's rows in dynamic int8 but the last; tests/engines/test_int8_proof.py), tighter
+#   than the all-dynamic int8 it replaces (0.17).
 # What lost (Zen 4, step at 320 cached positions, one process, best round): OpenVINO 2026.4 fp32 17.1 ms and int8
 # weights (per-channel, Convert+Multiply decompression) 10.8 ms against ONNX Runtime 17.4 / 10.8 ms, no faster;
 # ONNX Runtime MatMulNBits 8-bit (block 32, accuracy level 4) 10.4 vs 10.9 ms, within the noise, and another

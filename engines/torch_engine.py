@@ -11,14 +11,13 @@ import numpy as np
 import torch
 
 from engines.base import ModelPaths, ChunkCallback, EngineError, SemanticBatch, VoicePrompt
-from engines.encoders import LazyEncoders
+from engines.encoders import LazyEncoders, encode_reference
 from engines.gpt_sovits import cpu_step
 from engines.gpt_sovits.checkpoint import (file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint, model_id,
                                           require_model_files)
 from engines.gpt_sovits.generate import MAX_CONTEXT, SYNC_EVERY, BatchDecoder, CudaGraphStep, SlotBatch
 from engines.gpt_sovits.gpt import Text2SemanticModel
-from engines.gpt_sovits.sovits import SoVITSDecoder, mean_style
-from engines.gpt_sovits.spectrogram import reference_spec_input
+from engines.gpt_sovits.sovits import SoVITSDecoder
 from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice, require_sv_model
 from engines.runtime import use_lane_stream
 
@@ -122,26 +121,17 @@ class TorchEngine:
         """As the Engine protocol; for a v2Pro/v2ProPlus SoVITS each clip's style is fused with its SV features:
         ``sv_emb`` from :meth:`encode_speaker` (computed here when None), row i for ``refs32k[i]``."""
         self._check_thread()
-        if not refs32k:
-            raise EngineError("encode_reference needs at least one 32 kHz reference clip")
-        svs: list[torch.Tensor | None] = [None] * len(refs32k)
-        if self.sovits.cfg.is_v2pro:
+        svs: list[torch.Tensor | None] | None = None
+        if refs32k and self.sovits.cfg.is_v2pro:
             feats = self.encode_speaker(refs32k) if sv_emb is None else np.asarray(sv_emb, np.float32)
             assert feats is not None
             if feats.shape[0] != len(refs32k):
                 raise EngineError(f"sv_emb has {feats.shape[0]} rows for {len(refs32k)} reference clips")
             svs = [torch.as_tensor(row, device=self.device).view(1, -1) for row in feats]
-        tokens = np.zeros(0, np.int64)
-        if wav16k is not None:
-            ssl = self.encoders.hubert().encode(wav16k)  # [1, 768, T50]
-            codes = self.sovits.extract_latent(ssl.to(self._sovits_dtype))  # [1, 1, T25]
-            tokens = codes[0, 0].cpu().numpy().astype(np.int64)
-        ges = []
-        for wav, sv in zip(refs32k, svs):
-            spec = reference_spec_input(np.asarray(wav, np.float32))  # [1, 1025, frames]
-            ges.append(self.sovits.ref_style(spec.to(self.device), sv))
-        ge = mean_style(ges)  # [1, gin, 1]
-        return tokens, ge[0].float().cpu().numpy()
+        return encode_reference(
+            self.encoders, wav16k, refs32k, svs=svs,
+            extract_latent=lambda ssl: self.sovits.extract_latent(ssl.to(self._sovits_dtype)),
+            ref_style=lambda spec, sv: self.sovits.ref_style(spec.to(self.device), sv))
 
     @torch.inference_mode()
     def text_features(self, norm_text: str, word2ph: Sequence[int]) -> np.ndarray:

@@ -26,6 +26,7 @@ import numpy as np
 import soxr
 
 from engines import SAMPLE_RATE, SSL_SAMPLE_RATE
+from synthesis.speakers import speaker_turns
 from synthesis.types import PCM16_SCALE, AudioInputError, to_pcm16
 from synthesis.vad import VAD_FRAME_S, VAD_RATE, speech_probability
 
@@ -57,6 +58,7 @@ EDGE_PAD_S = 0.1  # s, silence kept before and after the chosen speech when it f
 PAUSE_WEIGHT = 1.5  # score cost per second of long pause inside a candidate stretch
 CUT_COST_S = 0.5  # score cost (in seconds of speech) of cutting through full-level speech at a stretch edge
 NOISY_SNR_DB = 15.0  # dB, speech-to-noise ratio below which a noise warning is given
+TURN_MARGIN_S = 0.5  # s, speech this close to a change of speaker is left out of the reference (see _one_speaker)
 FULL_SCALE = 0.999  # |x| at or above this is a full-scale (clipped) sample
 NEAR_PEAK = 0.99  # samples within 1 % of the clip's own peak count as flat-topped (clipped after attenuation)
 CLIP_WARN_FRACTION = 0.005  # fraction of speech samples clipped above which a clipping warning is given
@@ -118,7 +120,7 @@ class Reference:
     wav32k: ``[N]`` float32 @ 32 kHz (SoVITS rate, for ``ge``), peak <= :data:`PEAK_CEILING`.
     wav16k: ``[M]`` float32 @ 16 kHz (HuBERT rate, for the prompt tokens), the same audio.
     duration_s: seconds of ``wav32k``.
-    warnings: human-readable problems that did not prevent use (clipping, noise, very quiet).
+    warnings: human-readable problems that did not prevent use (clipping, noise, very quiet, two speakers).
     start_s, end_s: where the stretch lies in the decoded upload, seconds.
     """
 
@@ -495,8 +497,9 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
 
     Steps: remove DC, resample to 32 kHz, find speech (frames the voice detector, :mod:`synthesis.vad`, hears as a
     voice and that stand out of the clip's own noise floor; by loudness alone when the detector hears no voice),
-    refuse silence / steady noise / too little speech, pick the best ``min_s``-``max_s`` stretch (the most
-    continuous speech, cut in pauses or outside it), normalise loudness without clipping, fade the cut points.
+    refuse silence / steady noise / too little speech, keep one speaker's turn when there are several
+    (:mod:`synthesis.speakers`), pick the best ``min_s``-``max_s`` stretch (the most continuous speech, cut in pauses
+    or outside it), normalise loudness without clipping, fade the cut points.
 
     Parameters
     ----------
@@ -505,11 +508,12 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
 
     Returns
     -------
-    Reference, with warnings for heavy clipping, loud background noise or a very quiet recording.
+    Reference, with warnings for heavy clipping, loud background noise, a very quiet recording or more than one
+    speaker.
 
     Raises
     ------
-    AudioInputError: the clip is silent, has no speech, or less than ``min_s`` of it.
+    AudioInputError: the clip is silent, has no speech, or less than ``min_s`` of it (of any one speaker).
     """
     if not 0 < min_s <= max_s:
         raise ValueError(f"need 0 < min_s <= max_s, got {min_s}, {max_s}")
@@ -555,8 +559,17 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
             "record a sentence or two"
         )
 
-    start, end = _best_stretch(db, speech, loud, floor_db, loud_db, min_s, max_s)
+    # Speakers are told apart only in frames the detector hears as a voice: without it, a noise burst or music
+    # would count as "another speaker".
+    one_voice = _one_speaker(x, speech, loud, min_s, max_s) if by_voice else None  # [F] bool, or None: one voice
+    start, end = _best_stretch(db, speech if one_voice is None else one_voice, loud, floor_db, loud_db, min_s, max_s)
     warnings = _quality_warnings(src, dec.sample_rate, db, speech, start, end)
+    if one_voice is not None:
+        warnings.append(
+            f"the clip has more than one speaker; the voice uses {(end - start) * FRAME_S:.1f} s of the one who "
+            f"speaks longest ({start * FRAME_S:.1f}-{end * FRAME_S:.1f} s): for a faithful voice, upload a clip of "
+            "one person alone"
+        )
 
     clip = x[start * hop : end * hop].astype(np.float32, copy=True)
     in_clip = speech[start:end]
@@ -583,6 +596,41 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
         start_s=start * FRAME_S,
         end_s=min(end * FRAME_S, dec.duration_s),
     )
+
+
+def _one_speaker(x: np.ndarray, speech: np.ndarray, loud: np.ndarray, min_s: float,
+                 max_s: float) -> np.ndarray | None:
+    """``[F]`` bool: the speech of the turn with the most speech when the clip has more than one speaker, else None.
+
+    Turns come from :func:`synthesis.speakers.speaker_turns` on the loud voiced frames of ``x`` (32 kHz). A
+    reference mixing two people makes a voice that is neither, so only one turn's speech is kept.
+
+    Raises
+    ------
+    AudioInputError: more than one speaker, and none with ``min_s`` of speech in one turn.
+    """
+    turns = speaker_turns(resample(x, SAMPLE_RATE, SSL_SAMPLE_RATE), SSL_SAMPLE_RATE, speech & loud, FRAME_S)
+    if len(turns) == 1:
+        return None
+    lo, hi = max(turns, key=lambda t: int(speech[t[0] : t[1]].sum()))
+    kept = np.zeros_like(speech)
+    kept[lo:hi] = speech[lo:hi]
+    # A change of speaker is placed to within about half a second (exactly only where the two voices differ a lot):
+    # speech that close to it is left out. Where the change lies in a long pause, that is pause anyway.
+    margin = int(round(TURN_MARGIN_S / FRAME_S))
+    if lo > 0:
+        kept[lo : lo + margin] = False
+    if hi < speech.size:
+        kept[max(lo, hi - margin) : hi] = False
+    kept_s = float(kept.sum()) * FRAME_S
+    log.info("%d speaker turns, changes at %s s; keeping %.1f-%.1f s", len(turns),
+             ", ".join(f"{a * FRAME_S:.1f}" for a, _ in turns[1:]), lo * FRAME_S, hi * FRAME_S)
+    if kept_s < min_s:
+        raise AudioInputError(
+            f"the clip has more than one speaker and none speaks for {min_s:g} s in one go (longest {kept_s:.1f} s); "
+            f"record {min_s:g}-{max_s:g} s of one voice alone"
+        )
+    return kept
 
 
 def _clean_mask(mask: np.ndarray) -> np.ndarray:

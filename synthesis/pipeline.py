@@ -149,7 +149,7 @@ class Synthesizer:
                       deadline: float | None, priority: int, release: Callable[[], None]) -> AsyncIterator[AudioChunk]:
         """The body of :meth:`stream` for an admitted request: one producer, this consumer, in sentence order."""
         try:
-            v = await self.voicing.fit(self._resolve_voice(voice))
+            v = await self.voicing.fit(await self._resolve_voice(voice))
             p = params or self.defaults
         except BaseException:
             release()
@@ -283,13 +283,17 @@ class Synthesizer:
             if next_piece is not None and not next_piece.done():
                 next_piece.cancel()
 
-    def _resolve_voice(self, voice: Voice | str) -> Voice:
+    async def _resolve_voice(self, voice: Voice | str) -> Voice:
+        """A voice given by id or name, read from the store off the event loop (the store reads files and SQLite)."""
         if isinstance(voice, Voice):
             return voice
+        return await asyncio.to_thread(self._lookup_voice, voice)
+
+    def _lookup_voice(self, key: str) -> Voice:
         try:
-            return self.voices.get(voice)
+            return self.voices.get(key)
         except VoiceNotFound:
-            return self.voices.find(voice)
+            return self.voices.find(key)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------
 

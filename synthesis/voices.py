@@ -4,7 +4,10 @@ Layout: ``root/<id>/clip.flac`` (the 32 kHz reference), ``prompt.npz`` (prompt_t
 prompt_bert, and sv_emb for a v2Pro/v2ProPlus voice) and ``meta.json`` (identity, owner, version, transcript, model
 identity, consent). A voice is built in ``root/.tmp-<uuid>/``, every file and the folder fsynced, then renamed into
 place, so a crash at any point leaves either the whole voice or nothing visible. A replacement swaps folders through
-``root/.old-<id>-<uuid>/``; start-up restores an interrupted swap and removes stale temporary folders. A delete
+``root/.old-<id>-<uuid>/``; start-up restores an interrupted swap and removes stale temporary folders. Those are only
+ever a dead process's: every write holds a shared ``flock`` on the root folder while its temporary folders exist, and
+start-up recovery runs only when it gets the exclusive lock at once (another process writing a voice, the bot beside
+a CLI command, leaves its folders alone; the next start removes what is left). A delete
 first renames the folder to ``root/.trash-<id>-<uuid>/`` (the voice is gone for every process: the cache, bound to
 the store, refuses and takes back its writes), then retires the voice in the cache (its entries go) and removes the
 folder; start-up removes a leftover trash folder and the cache entries of its voice. The model work (HuBERT, VQ, ge,
@@ -14,6 +17,7 @@ phones, BERT) is the caller's: it passes the finished
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -22,10 +26,11 @@ import shutil
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import soundfile as sf
@@ -166,9 +171,10 @@ class VoiceStore:
                 "consent": consent_record,
                 "reference": _reference_dict(reference),
             }
-            tmp = self._build(meta, prompt, reference.wav32k)
-            os.rename(tmp, self.root / voice_id)
-            _fsync_dir(self.root)
+            with self._writing():
+                tmp = self._build(meta, prompt, reference.wav32k)
+                os.rename(tmp, self.root / voice_id)
+                _fsync_dir(self.root)
         log.info("voice %s (%r, owner %s) created", voice_id, name, owner_id)
         return self.get(voice_id)
 
@@ -203,13 +209,14 @@ class VoiceStore:
                 meta["reference"] = _reference_dict(reference)
             _check_language(meta["language"])
             clip = reference.wav32k if reference is not None else self.load_clip(voice_id)
-            tmp = self._build(meta, prompt, clip)
-            live = self.root / voice_id
-            old = self.root / f"{OLD_PREFIX}{voice_id}-{uuid.uuid4().hex}"
-            os.rename(live, old)  # from here until the next rename, start-up recovery restores `old`
-            os.rename(tmp, live)
-            _fsync_dir(self.root)
-            shutil.rmtree(old, ignore_errors=True)
+            with self._writing():
+                tmp = self._build(meta, prompt, clip)
+                live = self.root / voice_id
+                old = self.root / f"{OLD_PREFIX}{voice_id}-{uuid.uuid4().hex}"
+                os.rename(live, old)  # from here until the next rename, start-up recovery restores `old`
+                os.rename(tmp, live)
+                _fsync_dir(self.root)
+                shutil.rmtree(old, ignore_errors=True)
             self._loaded.pop(voice_id, None)
         removed = self.cache.invalidate_voice(voice_id) if self.cache is not None else 0
         log.info("voice %s replaced (version %d, %d cache entries removed)", voice_id, meta["version"], removed)
@@ -229,10 +236,11 @@ class VoiceStore:
             files = sorted(p.name for p in live.iterdir())
             size = sum(p.stat().st_size for p in live.iterdir())
             trash = self.root / f"{TRASH_PREFIX}{voice_id}-{uuid.uuid4().hex}"
-            os.rename(live, trash)  # invisible at once; the entries and the bytes go next (or at the next start-up)
-            _fsync_dir(self.root)
-            entries = self.cache.retire_voice(voice_id) if self.cache is not None else 0
-            shutil.rmtree(trash)
+            with self._writing():
+                os.rename(live, trash)  # invisible at once; the entries and the bytes go next (or at next start-up)
+                _fsync_dir(self.root)
+                entries = self.cache.retire_voice(voice_id) if self.cache is not None else 0
+                shutil.rmtree(trash)
             self._loaded.pop(voice_id, None)
         log.info("voice %s (%r) deleted: %d files, %d bytes, %d cache entries", voice_id, meta["name"], len(files),
                  size, entries)
@@ -370,8 +378,34 @@ class VoiceStore:
                 return m
         return None
 
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Held while this process has temporary folders in the root: a shared lock on the root folder, released
+        by the kernel when the process dies (so recovery can tell a live writer's folders from a dead one's)."""
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a start-up recovery runs
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
     def _recover(self) -> None:
-        """Finish or undo what a crash interrupted: restore swapped-out voices, remove temporary folders."""
+        """Finish or undo what a crash interrupted: restore swapped-out voices, remove temporary folders. Only when
+        no live process is writing (the exclusive lock on the root, taken without waiting): then every temporary
+        folder is a dead process's."""
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("another process is writing a voice in %s: its temporary folders are left alone", self.root)
+                return
+            self._recover_locked()
+        finally:
+            os.close(fd)
+
+    def _recover_locked(self) -> None:
+        """The recovery itself, under the exclusive lock."""
         for folder in sorted(self.root.iterdir()):
             if folder.name.startswith(OLD_PREFIX):
                 voice_id = folder.name[len(OLD_PREFIX) :].split("-", 1)[0]

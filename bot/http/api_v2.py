@@ -34,7 +34,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 import pydantic
 from aiohttp import web
@@ -42,6 +42,9 @@ from aiohttp import web
 from bot.config import Config
 from bot.http.responses import ApiError, pydantic_message, services_of, stream_audio, whole_audio
 from synthesis import LANGUAGES, SPLIT_METHODS, SynthesisParams, Voice, VoiceNotFound
+
+if TYPE_CHECKING:
+    from bot.voice_service import VoiceService
 
 MEDIA_TYPES = ("wav", "raw", "ogg", "aac")
 MAX_SEED = 2**63 - 1
@@ -187,43 +190,49 @@ def check_text(text: str, config: Config, name: str = "text") -> str:
 
 # ---- voices ------------------------------------------------------------------------------------------------------
 
-def lookup_voice(synth: Any, key: str) -> Voice | None:
+def voices_of(services: Any) -> VoiceService:
+    """The voice service the API reads voices through (every :class:`~bot.services.Services` has one)."""
+    voices = services.voices
+    assert voices is not None, "Services builds its voice service"
+    return voices
+
+
+async def lookup_voice(voices: VoiceService, key: str) -> Voice | None:
     """A stored voice by id or name (any owner), or None."""
     key = key.strip()
-    voices = synth.voices
     if _ID_RE.fullmatch(key):
         try:
-            return voices.get(key)
+            return await voices.get(key)
         except (VoiceNotFound, KeyError, ValueError, OSError):
             pass
     if _NAME_RE.fullmatch(key):
         try:
-            return voices.find(key)
+            return await voices.find(key)
         except (VoiceNotFound, KeyError, ValueError):
             pass
     return None
 
 
-def voice_names(synth: Any, limit: int = 20) -> str:
+async def voice_names(voices: VoiceService, limit: int = 20) -> str:
     """The stored voices' names, for error messages."""
-    names = sorted({v.name for v in synth.voices.list()})
+    names = sorted({v.name for v in await voices.list()})
     if not names:
         return "there are no voices yet: create one first (Discord /voice create, or `python -m bot voices add`)"
     more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
     return "available voices: " + ", ".join(names[:limit]) + more
 
 
-def voice_catalog(synth: Any) -> list[tuple[str, str, Voice]]:
+async def voice_catalog(voices: VoiceService) -> list[tuple[str, str, Voice]]:
     """Every stored voice as (key, display name, voice), sorted by name; the key is the name, or the id when
     several owners use the same name."""
-    voices = sorted(synth.voices.list(), key=lambda v: (v.name.lower(), v.id))
+    stored = sorted(await voices.list(), key=lambda v: (v.name.lower(), v.id))
     counts: dict[str, int] = {}
-    for v in voices:
+    for v in stored:
         counts[v.name] = counts.get(v.name, 0) + 1
-    return [(v.name, v.name, v) if counts[v.name] == 1 else (v.id, f"{v.name} ({v.id[:8]})", v) for v in voices]
+    return [(v.name, v.name, v) if counts[v.name] == 1 else (v.id, f"{v.name} ({v.id[:8]})", v) for v in stored]
 
 
-def resolve_ref(synth: Any, voices_dir: Path, ref: str, name: str = "ref_audio_path") -> Voice:
+async def resolve_ref(voices: VoiceService, voices_dir: Path, ref: str, name: str = "ref_audio_path") -> Voice:
     """``ref_audio_path`` -> a stored voice: its name or id, a path whose file name (stem) names a stored voice (as
     clients that resolve the name to a path of their own send it), or a path inside the voices folder that belongs
     to a voice. No file outside the voices folder is ever opened.
@@ -232,29 +241,29 @@ def resolve_ref(synth: Any, voices_dir: Path, ref: str, name: str = "ref_audio_p
     """
     ref = check_chars(ref, name).strip()
     if not ref:
-        raise ApiError(400, f"{name} is empty: name a stored voice; {voice_names(synth)}")
+        raise ApiError(400, f"{name} is empty: name a stored voice; {await voice_names(voices)}")
     if len(ref) > 4096 or any(len(part) > MAX_NAME_CHARS for part in ref.replace("\\", "/").split("/")):
         raise ApiError(400, f"{name} is too long to be a path ({len(ref)} characters): name a stored voice; "
-                            f"{voice_names(synth)}")
-    voice = lookup_voice(synth, ref)
+                            f"{await voice_names(voices)}")
+    voice = await lookup_voice(voices, ref)
     if voice is not None:
         return voice
     text = ref.replace("\\", "/")
     stem = PurePosixPath(text).stem
     if stem and stem != text:
-        voice = lookup_voice(synth, stem)
+        voice = await lookup_voice(voices, stem)
         if voice is not None:
             return voice
     if ".." in PurePosixPath(text).parts:
         raise ApiError(400, f"{name} may not contain '..': name a stored voice, or a file inside the voices folder")
     try:
-        return _voice_of_path(synth, voices_dir, text, ref, name)
+        return await _voice_of_path(voices, voices_dir, text, ref, name)
     except (OSError, ValueError) as e:  # ENAMETOOLONG, ELOOP, EACCES...: not a voice's file, whatever it is
         raise ApiError(400, f"{name} {ref[:80]!r} is not a usable path ({type(e).__name__}): name a stored voice; "
-                            f"{voice_names(synth)}") from None
+                            f"{await voice_names(voices)}") from None
 
 
-def _voice_of_path(synth: Any, voices_dir: Path, text: str, ref: str, name: str) -> Voice:
+async def _voice_of_path(voices: VoiceService, voices_dir: Path, text: str, ref: str, name: str) -> Voice:
     root = Path(os.path.realpath(voices_dir))
     given = Path(os.path.expanduser(text))
     candidates = [given] if given.is_absolute() else [root / given, Path.cwd() / given]
@@ -262,17 +271,17 @@ def _voice_of_path(synth: Any, voices_dir: Path, text: str, ref: str, name: str)
     inside = [p for p in inside if p == root or root in p.parents]
     if not inside:
         raise ApiError(400, f"{name} {ref!r} is neither a stored voice nor a file inside the voices folder: "
-                            f"only stored voices can be used; {voice_names(synth)}")
+                            f"only stored voices can be used; {await voice_names(voices)}")
     for path in inside:
         if path == root or not path.exists():
             continue
         voice_id = path.relative_to(root).parts[0]
-        voice = lookup_voice(synth, voice_id) if _ID_RE.fullmatch(voice_id) else None
+        voice = await lookup_voice(voices, voice_id) if _ID_RE.fullmatch(voice_id) else None
         if voice is not None and voice.id == voice_id:
             return voice
         raise ApiError(400, f"{name} {ref!r} is inside the voices folder but is not a stored voice's file; "
-                            f"{voice_names(synth)}")
-    raise ApiError(400, f"{name} {ref!r}: no such voice or file; {voice_names(synth)}")
+                            f"{await voice_names(voices)}")
+    raise ApiError(400, f"{name} {ref!r}: no such voice or file; {await voice_names(voices)}")
 
 
 # ---- /tts --------------------------------------------------------------------------------------------------------
@@ -378,11 +387,11 @@ def _request_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def parse_tts(values: Mapping[str, Any], services: Any, *,
+async def parse_tts(values: Mapping[str, Any], services: Any, *,
               media_types: tuple[str, ...] = MEDIA_TYPES) -> TtsRequest:
     """Validate every api_v2 parameter (see the module docstring) and resolve the voice."""
     config: Config = services.config
-    synth = services.synthesizer
+    voices = voices_of(services)
     base = base_params(config)
     try:
         q = TtsParams.model_validate(_request_values(values))
@@ -390,7 +399,7 @@ def parse_tts(values: Mapping[str, Any], services: Any, *,
         first = e.errors(include_url=False)[0]
         if first["type"] == "missing":
             hints = {"text": "the words to speak", "text_lang": "the text's language, e.g. auto, en, zh",
-                     "ref_audio_path": f"a stored voice's name; {voice_names(synth)}"}
+                     "ref_audio_path": f"a stored voice's name; {await voice_names(voices)}"}
             name = str(first["loc"][0])
             raise ApiError(400, f"{name} is required: {hints.get(name, '')}") from None
         raise ApiError(400, pydantic_message(e)) from None
@@ -404,9 +413,9 @@ def parse_tts(values: Mapping[str, Any], services: Any, *,
              "split_method": q.text_split_method, "speed": q.speed_factor, "fragment_interval": q.fragment_interval,
              "seed": q.seed, "repetition_penalty": q.repetition_penalty, "noise_scale": q.noise_scale}
     params = make_params(base, **{k: v for k, v in given.items() if v is not None})
-    voice = resolve_ref(synth, config.voices.dir, q.ref_audio_path)
+    voice = await resolve_ref(voices, config.voices.dir, q.ref_audio_path)
     for path in q.aux_ref_audio_paths:
-        resolve_ref(synth, config.voices.dir, path, name="aux_ref_audio_paths")
+        await resolve_ref(voices, config.voices.dir, path, name="aux_ref_audio_paths")
     return TtsRequest(text, voice, params, q.media_type, q.streaming_mode)
 
 
@@ -452,11 +461,11 @@ def parse_json_object(raw: bytes | str, what: str) -> dict[str, Any]:
 
 
 async def _tts_get(request: web.Request) -> web.StreamResponse:
-    return await respond(request, parse_tts(request.query, services_of(request)))
+    return await respond(request, await parse_tts(request.query, services_of(request)))
 
 
 async def _tts_post(request: web.Request) -> web.StreamResponse:
-    return await respond(request, parse_tts(await read_json_object(request), services_of(request)))
+    return await respond(request, await parse_tts(await read_json_object(request), services_of(request)))
 
 
 # ---- control endpoints -------------------------------------------------------------------------------------------

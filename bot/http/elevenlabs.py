@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.http import guard, ws_session
-from bot.http.api_v2 import MAX_SEED, ParamReader, base_params, make_params, parse_json_object
+from bot.http.api_v2 import MAX_SEED, ParamReader, base_params, make_params, parse_json_object, voices_of
 from bot.http.openai_speech import resolve_voice
 from bot.http.responses import ApiError, AudioOut, services_of
 from bot.http.stream_input import refuse_unknown
@@ -134,10 +134,10 @@ def _settings(voice_settings: Any, generation_config: Any) -> float | None:
     return speed
 
 
-def _options(request: web.Request) -> tuple[Any, Any, str, int, float]:
+async def _options(request: web.Request) -> tuple[Any, Any, str, int, float]:
     """Voice, SynthesisParams, format, rate and idle timeout from the path and query (400 before the upgrade)."""
     services = services_of(request)
-    config, synth = services.config, services.synthesizer
+    config = services.config
     refuse_unknown(request.query, PARAMETERS, "ElevenLabs' stream-input here")
     r = ParamReader(request.query)
     name = r.string("output_format", DEFAULT_FORMAT, lower=True)
@@ -156,7 +156,7 @@ def _options(request: web.Request) -> tuple[Any, Any, str, int, float]:
     params = make_params(base, language=language, seed=r.integer("seed", base.seed, lo=-1, hi=MAX_SEED))
     for flag in ("sync_alignment", "enable_logging", "enable_ssml_parsing", "auto_mode"):
         r.boolean(flag, False)
-    voice = resolve_voice(synth, config.http, request.match_info["voice"])
+    voice = await resolve_voice(voices_of(services), config.http, request.match_info["voice"])
     return voice, params, fmt, rate, idle
 
 
@@ -166,12 +166,12 @@ async def _handler(request: web.Request) -> web.WebSocketResponse:
         if not web.WebSocketResponse().can_prepare(request).ok:
             raise ApiError(401, "this API needs a key: send the xi-api-key header")
         try:
-            voice, params, fmt, rate, idle = _options(request)
+            voice, params, fmt, rate, idle = await _options(request)
         except ApiError as e:
             raise ApiError(e.status, "this request is not valid; send the key in the xi-api-key header to see why"
                            ) from None
     else:
-        voice, params, fmt, rate, idle = _options(request)
+        voice, params, fmt, rate, idle = await _options(request)
     config = services.config
     ws = ws_session.websocket(request, config.http.max_body_kb)
     await ws.prepare(request)

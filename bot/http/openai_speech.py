@@ -23,7 +23,7 @@ import pydantic
 from aiohttp import web
 
 from bot.http.api_v2 import (MAX_SEED, base_params, check_chars, check_text, lookup_voice, make_params,
-                             read_json_object, voice_catalog, voice_names)
+                             read_json_object, voice_catalog, voice_names, voices_of)
 from bot.http.responses import METRICS, ApiError, services_of, stream_audio, validate_body
 from synthesis import LANGUAGES, Voice
 
@@ -69,7 +69,7 @@ async def _speech(request: web.Request) -> web.StreamResponse:
     config, synth = services.config, services.synthesizer
     body = validate_body(SpeechRequest, await read_json_object(request))
     text = check_text(check_chars(body.input, "input"), config, name="input")
-    voice = resolve_voice(synth, config.http, body.voice.id if isinstance(body.voice, _VoiceRef) else body.voice)
+    voice = await resolve_voice(voices_of(services), config.http, body.voice.id if isinstance(body.voice, _VoiceRef) else body.voice)
     base = base_params(config)
     language = body.language or base.language
     if language not in LANGUAGES:
@@ -83,36 +83,36 @@ async def _speech(request: web.Request) -> web.StreamResponse:
                               wav_size_unknown=True, usage_text=text)
 
 
-def resolve_voice(synth: Any, http: Any, value: str | None) -> Voice:
+async def resolve_voice(voices: Any, http: Any, value: str | None) -> Voice:
     """A client's voice name -> a stored voice: the name or id itself, then ``http.voice_aliases``, then (for
     OpenAI's built-in names) ``http.default_voice`` or the first stored voice by name; else a 400."""
     if value is None or not value.strip():
-        raise ApiError(400, f"voice is required: {voice_names(synth)}")
+        raise ApiError(400, f"voice is required: {await voice_names(voices)}")
     check_chars(value, "voice")
-    voice = lookup_voice(synth, value)
+    voice = await lookup_voice(voices, value)
     if voice is not None:
         return voice
     aliases = {k.strip().lower(): v for k, v in http.voice_aliases.items()}
     target = aliases.get(value.strip().lower())
     if target is not None:
-        voice = lookup_voice(synth, target)
+        voice = await lookup_voice(voices, target)
         if voice is None:
             raise ApiError(400, f"http.voice_aliases maps {value!r} to {target!r}, which is not a stored voice: "
-                                f"fix the alias; {voice_names(synth)}")
+                                f"fix the alias; {await voice_names(voices)}")
         return voice
     if value.strip().lower() in OPENAI_VOICES:
         if http.default_voice:
-            voice = lookup_voice(synth, http.default_voice)
+            voice = await lookup_voice(voices, http.default_voice)
             if voice is None:
                 raise ApiError(400, f"http.default_voice {http.default_voice!r} is not a stored voice: fix it; "
-                                    f"{voice_names(synth)}")
+                                    f"{await voice_names(voices)}")
             return voice
-        catalog = voice_catalog(synth)
+        catalog = await voice_catalog(voices)
         if catalog:
             log.debug("OpenAI voice %r -> %s (the first stored voice; set http.default_voice)", value,
                       catalog[0][2].name)
             return catalog[0][2]
-    raise ApiError(400, f"voice {value!r} does not exist; {voice_names(synth)} (or map it in http.voice_aliases)")
+    raise ApiError(400, f"voice {value!r} does not exist; {await voice_names(voices)} (or map it in http.voice_aliases)")
 
 
 def _model_list(request: web.Request) -> list[dict[str, Any]]:
@@ -130,9 +130,9 @@ async def _audio_models(request: web.Request) -> web.Response:
 
 
 async def _voices(request: web.Request) -> web.Response:
-    synth = services_of(request).synthesizer
+    catalog = await voice_catalog(voices_of(services_of(request)))
     return web.json_response({"voices": [
-        {"id": key, "name": display, "language": v.language} for key, display, v in voice_catalog(synth)]})
+        {"id": key, "name": display, "language": v.language} for key, display, v in catalog]})
 
 
 def add_routes(app: web.Application) -> None:

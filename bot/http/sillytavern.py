@@ -16,21 +16,21 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.http.api_v2 import parse_tts, read_json_object, respond, voice_catalog
+from bot.http.api_v2 import parse_tts, read_json_object, respond, voice_catalog, voices_of
 from bot.http.responses import services_of
 
 MEDIA_TYPES = ("wav", "raw", "ogg", "aac", "mp3", "flac")  # what the provider's players can ask for
 AUTO_MEDIA_TYPE = "mp3"  # "auto" (the adapter's default): the format every browser plays
 
 
-def speakers(synth: Any) -> list[dict[str, str]]:
+async def speakers(voices: Any) -> list[dict[str, str]]:
     """The voice list in the provider's shape: ``name`` shown, ``voice_id`` sent back (the name, or the id when
     names collide)."""
-    return [{"name": display, "voice_id": key} for key, display, _ in voice_catalog(synth)]
+    return [{"name": display, "voice_id": key} for key, display, _ in await voice_catalog(voices)]
 
 
 async def _speakers(request: web.Request) -> web.Response:
-    return web.json_response(speakers(services_of(request).synthesizer))
+    return web.json_response(await speakers(voices_of(services_of(request))))
 
 
 async def _generate(request: web.Request) -> web.StreamResponse:
@@ -46,7 +46,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     if isinstance(values.get("media_type"), str) and values["media_type"].strip().lower() == "auto":
         values["media_type"] = AUTO_MEDIA_TYPE
     # its players are browsers and common decoders, not upstream's own scripts: a streamed WAV says "to the end"
-    return await respond(request, parse_tts(values, services, media_types=MEDIA_TYPES), wav_size_unknown=True)
+    return await respond(request, await parse_tts(values, services, media_types=MEDIA_TYPES), wav_size_unknown=True)
 
 
 def add_routes(app: web.Application) -> None:

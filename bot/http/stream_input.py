@@ -35,7 +35,7 @@ from aiohttp import web
 
 from bot.http import ws_session
 from bot.http.api_v2 import (MAX_SEED, ParamReader, base_params, lookup_voice, make_params, parse_json_object,
-                             voice_names)
+                             voice_names, voices_of)
 from bot.http.guard import QUERY_CREDENTIALS
 from bot.http.responses import RETRY_AFTER_BUSY_S, ApiError, AudioOut, services_of
 from bot.http.ws_session import Input, Piece, Session, b64
@@ -89,13 +89,14 @@ def refuse_unknown(query: Any, known: tuple[str, ...], door: str) -> None:
             raise ApiError(400, f"unknown query parameter {name!r}: {door} takes {', '.join(known)}")
 
 
-def _options(request: web.Request) -> tuple[Any, Any, str, int | None]:
+async def _options(request: web.Request) -> tuple[Any, Any, str, int | None]:
     """Voice, SynthesisParams, format and output rate from the query string (400 before the upgrade)."""
     services = services_of(request)
-    config, synth = services.config, services.synthesizer
+    config = services.config
     refuse_unknown(request.query, PARAMETERS, "/v1/tts/stream-input")
     r = ParamReader(request.query)
-    key = r.string("voice", hint=f"pass ?voice=NAME; {voice_names(synth)}")
+    voices = voices_of(services)
+    key = r.string("voice", hint=f"pass ?voice=NAME; {await voice_names(voices)}")
     fmt = r.string("format", "pcm", choices=FORMATS, lower=True)
     rate_raw = r.raw("sample_rate")
     rate = r.integer("sample_rate", SAMPLE_RATE, lo=8000, hi=48000) if rate_raw is not None else None
@@ -113,15 +114,15 @@ def _options(request: web.Request) -> tuple[Any, Any, str, int | None]:
         fragment_interval=r.number("fragment_interval", base.fragment_interval, lo=0.0, hi=5.0),
         noise_scale=r.number("noise_scale", base.noise_scale, lo=0.0, hi=10.0),
     )
-    voice = lookup_voice(synth, key)
+    voice = await lookup_voice(voices, key)
     if voice is None:
-        raise ApiError(400, f"voice {key!r} does not exist; {voice_names(synth)}")
+        raise ApiError(400, f"voice {key!r} does not exist; {await voice_names(voices)}")
     return voice, params, fmt, rate
 
 
 async def _handler(request: web.Request) -> web.WebSocketResponse:
     services = services_of(request)
-    voice, params, fmt, rate = _options(request)
+    voice, params, fmt, rate = await _options(request)
     config = services.config
     ws = ws_session.websocket(request, config.http.max_body_kb)
     await ws.prepare(request)

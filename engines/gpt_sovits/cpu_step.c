@@ -164,14 +164,19 @@ static void gemv_rows(const gemv_job *j, int B, int r0, int r1, int wkind) {
 
 /* A parallel loop over `units` in chunks that the caller and the workers claim from one counter. The caller never
  * waits for a worker that has not claimed anything, so a worker that is asleep or descheduled costs nothing; it
- * waits only for chunks a worker claimed and has not finished. If that wait is long (the worker lost its core to
- * another process mid-chunk) twice within VB_SOLO_STEPS steps, the team goes solo for VB_SOLO_STEPS steps: on cores
- * shared for good one thread that keeps its core beats two that wait for each other, while a short task that takes
- * a core now and then (an event loop, an audio encoder) costs only its own wait. */
+ * waits only for chunks a worker claimed and has not finished. A long wait (a stall: the worker lost its core
+ * mid-chunk) costs about one time slice; running solo costs a whole step's second thread (3-4 ms a step at the real
+ * size, int8). So the team goes solo for VB_SOLO_STEPS steps only when stalls are frequent, VB_SOLO_STALLS of the
+ * last 16 steps: on cores shared for good (a busy process beside us stalls most steps) one thread that keeps its
+ * core beats two that wait for each other, while the bot's own short tasks (the event loop taking the tokens every
+ * few steps, the Opus encoder) cost only their own waits. Measured in Synthesizer.stream on the 2-core EPYC: with
+ * "two stalls within 64 steps" the event loop's wake-ups sent the step solo from its 15th token on (5.3 -> 7-10 ms
+ * a step). */
 #ifndef VB_STALL_NS
 #define VB_STALL_NS 1500000  /* a wait this long means the worker lost its core (a scheduler time slice) */
 #endif
-#define VB_SOLO_STEPS 64     /* steps run single-threaded after repeated stalls, then two threads again */
+#define VB_SOLO_STEPS 64     /* steps run single-threaded after frequent stalls, then two threads again */
+#define VB_SOLO_STALLS 4     /* stalls within the last 16 steps that send the team solo */
 #define VB_YIELD_NS 50000    /* a worker with no work for this long yields its core to any thread that wants it */
 #define VB_IDLE_NS 2000000   /* a worker with no work for this long naps (100 us) between polls... */
 #define VB_SLEEP_NS 50000000 /* ...and after this long sleeps until the next step wakes it (an idle bot costs 0) */
@@ -193,7 +198,8 @@ typedef struct {
     atomic_int quit;
     par_job job;
     int solo_steps;      /* steps left to run single-threaded */
-    long steps, last_stall_step;  /* steps run with the team; the step of the last stall */
+    long steps;          /* steps run with the team */
+    unsigned stall_bits; /* bit i: the step i steps ago stalled (the current step is bit 0) */
     long stalls;         /* stalls seen (reported to the caller for the logs) */
     atomic_flag busy;    /* held by the call that uses the team; a concurrent call runs on its own thread */
     atomic_int sleeping; /* workers blocked on `wake` */
@@ -201,7 +207,7 @@ typedef struct {
     pthread_cond_t wake;
 } team_t;
 
-static team_t g_team = {.threads = 1, .busy = ATOMIC_FLAG_INIT, .last_stall_step = -(1L << 40), .lock = PTHREAD_MUTEX_INITIALIZER,
+static team_t g_team = {.threads = 1, .busy = ATOMIC_FLAG_INIT, .lock = PTHREAD_MUTEX_INITIALIZER,
                          .wake = PTHREAD_COND_INITIALIZER};
 
 static inline uint64_t now_ns(void) {
@@ -322,10 +328,11 @@ static void parallel(unit_fn fn, void *ctx, int units, int chunk) {
             if (now_ns() - t0 > VB_STALL_NS && !stalled) {
                 stalled = 1;
                 g_team.stalls++;
-                /* one stall (a short task took the core once) costs its wait; a second within VB_SOLO_STEPS steps
-                 * means the core is shared for good: run alone for a while */
-                if (g_team.steps - g_team.last_stall_step < VB_SOLO_STEPS) g_team.solo_steps = VB_SOLO_STEPS;
-                g_team.last_stall_step = g_team.steps;
+                g_team.stall_bits |= 1u;
+                if (__builtin_popcount(g_team.stall_bits & 0xFFFFu) >= VB_SOLO_STALLS) {
+                    g_team.solo_steps = VB_SOLO_STEPS;  /* the core is shared for good: run alone for a while */
+                    g_team.stall_bits = 0;
+                }
             }
         }
     }
@@ -530,6 +537,7 @@ int vb_decode_layers(const int64_t *params, int layers, int dim, int heads, int 
     tl_team = g_team.threads > 1 && !atomic_flag_test_and_set(&g_team.busy);
     if (tl_team) {
         g_team.steps++;
+        g_team.stall_bits <<= 1;
         if (g_team.solo_steps > 0) g_team.solo_steps--;
     }
     for (int i = 0; i < layers; i++) {

@@ -21,6 +21,7 @@ import numpy as np
 
 from bot.config import config_from_dict
 from bot.http import start_server
+from bot.voice_service import VoiceService
 from engines.base import SAMPLE_RATE
 from synthesis.types import AudioChunk, BusyError, SynthesisParams, Voice
 from tests.fake_voices import FakeVoices, make_voice
@@ -131,7 +132,8 @@ async def start(tmp_path: Path, *, http: dict[str, Any] | None = None, delay_s: 
                               base_dir=tmp_path)
     voices = {name: make_voice(name) for name in VOICE_FREQS}
     synth = FakeSynth(FakeVoices(voices.values(), root), delay_s=delay_s)
-    services = SimpleNamespace(config=config, synthesizer=synth, store=None, speech=None)
+    services = SimpleNamespace(config=config, synthesizer=synth, store=None, speech=None,
+                               voices=VoiceService(None, synth))  # type: ignore[arg-type]
     runner = await start_server(services, host, 0)  # type: ignore[arg-type]
     port = runner.addresses[0][1]
     return Server(f"http://127.0.0.1:{port}", synth, voices, config, runner, root)

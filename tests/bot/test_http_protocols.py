@@ -405,3 +405,27 @@ async def test_api_v2_takes_what_upstream_takes(server: Server, session) -> None
     assert server.synth.calls[-1].voice is server.voices["carol"]
     async with session.get(server.url + "/tts", params={**query, "ref_audio_path": "/home/someone/nobody"}) as r:
         assert r.status == 400 and "available voices" in (await r.json())["message"]
+
+
+async def test_the_doors_read_voices_through_the_voice_service_off_the_loop(server: Server, session) -> None:
+    """No door reaches into the synthesizer's voice store: with that reference gone, api_v2, SillyTavern and OpenAI
+    still find their voices and list them, and every store read runs on a worker thread, never the event loop's."""
+    import threading
+
+    store = server.synth.voices
+    loop_thread = threading.get_ident()
+    reads: list[tuple[str, bool]] = []  # (method, ran on the event loop's thread)
+    for name in ("get", "find", "list"):
+        def spy(*args, _real=getattr(store, name), _name=name, **kwargs):  # type: ignore[no-untyped-def]
+            reads.append((_name, threading.get_ident() == loop_thread))
+            return _real(*args, **kwargs)
+
+        setattr(store, name, spy)
+    server.synth.voices = None  # the fake synthesizer only needs it for voices given by name, which no door sends
+    for method, path, body in [("GET", "/tts?text=Hi.&text_lang=en&ref_audio_path=bob", None),
+                               ("GET", "/speakers", None), ("GET", "/v1/audio/voices", None),
+                               ("POST", "/v1/audio/speech", {"model": "tts-1", "input": "Hi.", "voice": "carol"})]:
+        async with session.request(method, server.url + path, json=body) as r:
+            assert r.status == 200, (path, await r.text())
+            await r.read()
+    assert {"find", "list"} <= {name for name, _ in reads} and not any(on_loop for _, on_loop in reads), reads

@@ -227,3 +227,66 @@ def test_list_reads_the_metadata_again_only_when_a_voice_changed(tmp_path: Path,
     assert [v.name for v in store.list()] == ["Alice", "Bob"]  # seen at once
     other.delete(a.id)
     assert [v.name for v in store.list()] == ["Bob"]
+
+
+# A writer in another process, stopped inside a create: its clip and prompt are written to a temporary folder, and it
+# waits for a line on stdin before writing meta.json and renaming the folder into place.
+_WRITER = """
+import sys
+from pathlib import Path
+from synthesis import voices as voices_mod
+from tests.synthesis.test_voices import create
+
+real = voices_mod._write_json
+def held(path, data):
+    print("writing", flush=True)
+    sys.stdin.readline()
+    real(path, data)
+voices_mod._write_json = held
+print(create(voices_mod.VoiceStore(Path(sys.argv[1]))).id, flush=True)
+"""
+
+
+def _start_writer(root: Path):  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=Path(__file__).resolve().parents[2])
+    assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
+    return proc
+
+
+def _temp_folders(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(voices_mod.TMP_PREFIX))
+
+
+def test_startup_recovery_leaves_a_live_writers_folders_alone(tmp_path: Path) -> None:
+    """The CLI opening the store while the bot writes a voice: the bot's temporary folder survives and its voice
+    is created; the folder of a writer that died is removed once nobody writes."""
+    root = tmp_path / "voices"
+    root.mkdir()
+    proc = _start_writer(root)
+    try:
+        (live_tmp,) = _temp_folders(root)
+        (root / ".tmp-deadbeef").mkdir()  # a dead writer's leftover, beside the live one
+        VoiceStore(root)  # start-up recovery while the writer holds its lock: nothing is touched
+        assert _temp_folders(root) == sorted([live_tmp, ".tmp-deadbeef"])
+        out, _ = proc.communicate("go\n", timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    voice_id = out.strip()
+    restarted = VoiceStore(root)  # nobody writes now: the dead writer's folder goes, the new voice stays
+    assert [v.id for v in restarted.list()] == [voice_id] and restarted.get(voice_id).name == "Alice"
+    assert _temp_folders(root) == []
+
+
+def test_a_killed_writers_temporary_folder_is_removed_at_the_next_start(tmp_path: Path) -> None:
+    root = tmp_path / "voices"
+    root.mkdir()
+    proc = _start_writer(root)
+    proc.kill()  # dies mid-create: the kernel releases its lock
+    proc.wait(30)
+    assert len(_temp_folders(root)) == 1
+    assert VoiceStore(root).list() == [] and files_under(root) == []
