@@ -32,10 +32,11 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     sp = sub.add_parser("bench", parents=[common], help="benchmark the engines (prints a table)")
     sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     sp.add_argument("--sizes", default="tiny,real")
-    sp.add_argument("--engines", default="naive,torch,int8,onnx,pipeline,accuracy",
+    sp.add_argument("--engines", default="naive,torch,int8,onnx,pipeline,accuracy,families",
                     help="any of naive, torch, int8, onnx, graph (the onnx engine with its GPT step graphs instead of "
                          "the fused CPU step), voc8 (the onnx engine with int8 GPT and int8 vocoder; with pipeline: its pipeline "
-                         "rows too), pipeline, accuracy (int8 vs fp32, teacher-forced)")
+                         "rows too), pipeline, accuracy (int8 vs fp32, teacher-forced), families (the vocoder RTF of "
+                         "v2, v2Pro and v2ProPlus on torch and onnx)")
     sp.add_argument("--contend", default="0", help="busy-looping processes beside the measurements: N, or 0,1")
     sp.add_argument("--batches", default="1,8")
     sp.add_argument("--steps", type=int, default=100, help="decode steps per measurement (100: a 4 s sentence)")

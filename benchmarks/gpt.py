@@ -11,7 +11,9 @@ reading the decoder's weights once per step. ``--contend N`` runs N busy-looping
 (a shared VPS, or the bot's own event loop and Opus encoder on the same cores); ``--contend 0,1`` measures both in
 one run. The row of what ``engine.backend: auto`` / ``engine.precision: auto`` pick here carries ``default``; each
 lower precision is also compared with its backend's fp32 along one teacher-forced path (argmax agreement, top-15
-overlap, logit cosine).
+overlap, logit cosine). ``families`` also times the SoVITS vocoder of a v2Pro and a v2ProPlus model set (random
+weights at the same size: the released files' shapes at the real size) beside v2's, on the torch and onnx engines,
+each with a style and speaker-verification features the engine encoded from one synthetic reference.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ PROMPT_PHONES = 40
 TTFA_REPEATS = 3
 VOCODER_TOKENS = 150  # vocoder RTF: 6 s of audio (25 tokens per second)
 VOC8 = "onnx-v8"  # row label: the onnx engine (int8 GPT) with the int8 vocoder (engine.vocoder_precision: int8)
+FAMILIES = ("v2", "v2Pro", "v2ProPlus")  # SoVITS families whose vocoders ``families`` times
+REFERENCE_S = 3  # seconds of the synthetic reference a family's voice is encoded from
 CONTEND_LIMIT_S = 3600  # a competitor process ends by itself after this, whatever happens to the bench
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OMP_WAIT_POLICY",
@@ -75,6 +79,19 @@ class AccuracyRow:
     top15_overlap: float  # mean share of fp32's top 15 tokens also in this precision's top 15
     cosine_mean: float  # logit cosine against fp32, mean and worst step
     cosine_min: float
+
+
+@dataclass
+class VocoderRow:
+    """The SoVITS vocoder of one family on one engine: seconds of decode per second of audio (6 s of speech)."""
+
+    engine: str
+    precision: str
+    device: str
+    size: str
+    family: str  # v2 | v2Pro | v2ProPlus
+    vocoder_rtf: float
+    contend: int = 0
 
 
 def machine_info(threads: int) -> dict[str, Any]:
@@ -284,12 +301,13 @@ def _naive_gpt(engine: Any) -> Callable[[Any], np.ndarray]:
     return run
 
 
-def _vocoder_rtf(engine: Any, gin: int) -> float:
-    """Seconds of SoVITS decode per second of audio for 6 s of speech (best of 2 after a warm-up)."""
+def _vocoder_rtf(engine: Any, gin: int, voice: Any = None) -> float:
+    """Seconds of SoVITS decode per second of audio for 6 s of speech (best of 2 after a warm-up); ``voice``: the
+    voice to decode with (default: the request's, with a constant style of ``gin`` values)."""
     rng = np.random.default_rng(2)
     (req,) = _requests(1, 1, rng)
     tokens = rng.integers(0, 1024, VOCODER_TOKENS).astype(np.int64)
-    voice = _voice_with_ge(req.voice, gin)
+    voice = voice if voice is not None else _voice_with_ge(req.voice, gin)
     engine.decode(tokens[:25], req.phones, voice, 1.0, 0.5, 0)
     best = float("inf")
     for _ in range(2):
@@ -326,7 +344,7 @@ def _accuracy_in_process(backend: str, precisions: list[str], models: dict[str, 
 
 def bench_size(size: str, engines: list[str], batches: list[int], steps: int, device: str, threads: int,
                contend: int = 0, bandwidth_gb_s: float | None = None,
-               ) -> tuple[list[Row], list[PipelineRow], list[AccuracyRow]]:
+               ) -> tuple[list[Row], list[PipelineRow], list[AccuracyRow], list[VocoderRow]]:
     """Every requested measurement at one model size, with ``contend`` busy processes beside it; GPT rows get their
     ratio to the weights-read floor at ``bandwidth_gb_s`` (CPU; measured here when None). Each engine,
     precision and batch size runs in a fresh process of its own with the engine sized for that batch (its static KV
@@ -337,6 +355,7 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
     rows: list[Row] = []
     pipeline_rows: list[PipelineRow] = []
     accuracy: list[AccuracyRow] = []
+    vocoders: list[VocoderRow] = []
     auto = auto_choice(device)
     with tempfile.TemporaryDirectory(prefix=f"voicebot-bench-{size}-") as tmp:
         paths = write_model_set(Path(tmp), size=size, seed=0)
@@ -362,6 +381,11 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
             jobs.append((VOC8, "int8"))
         if device == "cpu" and any(e in engines for e in ("onnx", "graph", "voc8")):  # exported once, outside the timed processes
             _isolated(_export_once, decode_models, tmp)
+        family_sets = {"v2": models}
+        if "families" in engines:  # the same sizes and seed, each family's SoVITS (and SV model) in a folder of its own
+            for family in FAMILIES[1:]:
+                family_paths = write_model_set(Path(tmp) / family, size=size, seed=0, family=family)
+                family_sets[family] = {k: str(v) for k, v in family_paths.items()}
         with Contention(contend):
             for engine, precision in jobs:
                 for batch in [1] if engine == "naive" else batches:
@@ -377,6 +401,10 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
                 for precision, vocoder in runs:
                     pipeline_rows.extend(_isolated(_pipeline_in_process, backend, models, tmp, size, device, threads,
                                                    precision, vocoder))
+            if "families" in engines:
+                for engine, precision in _vocoder_jobs(device, engines):
+                    vocoders.extend(_isolated(_vocoders_in_process, engine, precision, family_sets, tmp, size, device,
+                                              threads))
         if "accuracy" in engines and device == "cpu" and contend == 0:
             for backend in [b for b in ("torch", "onnx", "graph")
                             if (b != "torch" and b in engines) or (b == "torch" and "int8" in engines)]:
@@ -392,7 +420,45 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
     for p in pipeline_rows:
         p.contend = contend
         p.default = (p.backend, p.precision) == auto and p.vocoder == "fp32"
-    return rows, pipeline_rows, accuracy
+    for v in vocoders:
+        v.contend = contend
+    return rows, pipeline_rows, accuracy, vocoders
+
+
+def _vocoder_jobs(device: str, engines: list[str]) -> list[tuple[str, str]]:
+    """(engine, precision) pairs whose vocoders ``families`` times: torch and onnx at the vocoder's precision (the
+    int8 settings quantise the GPT only, so their vocoder is the fp32 one), and with ``voc8`` the int8 vocoder."""
+    if device != "cpu":
+        return [("torch", "fp16")]
+    return [("torch", "fp32"), ("onnx", "fp32")] + ([(VOC8, "int8")] if "voc8" in engines else [])
+
+
+def _vocoders_in_process(engine: str, precision: str, family_sets: dict[str, dict[str, str]], tmp: str, size: str,
+                         device: str, threads: int) -> list[VocoderRow]:
+    """Each family's vocoder RTF on one engine (one engine at a time, in a process of their own); the voice (style,
+    and the SV features for v2Pro/v2ProPlus) is what the engine encodes from a synthetic reference, as at
+    enrollment."""
+    import dataclasses
+
+    from engines import instruments
+
+    if device == "cpu":
+        instruments.set_cpu_threads(threads)
+    t = np.arange(REFERENCE_S * 32000) / 32000  # a harmonic "voice" at 120-160 Hz: [N] float32 @ 32 kHz
+    f0 = 140 + 20 * np.sin(2 * np.pi * 3 * t)
+    clip = (0.1 * sum(np.sin(2 * np.pi * np.cumsum(f0 * h) / 32000) / h for h in range(1, 10))).astype(np.float32)
+    (req,) = _requests(1, 1, np.random.default_rng(2))
+    rows = []
+    for family, models in family_sets.items():
+        eng = _build(engine, precision, models, tmp, device, 1, threads)
+        eng.bind_thread()
+        sv = eng.encode_speaker([clip])  # None for v2
+        _, ge = eng.encode_reference(None, [clip], sv_emb=sv)
+        voice = dataclasses.replace(req.voice, ge=np.asarray(ge, np.float32), sv_emb=sv)
+        rows.append(VocoderRow(engine, precision, device, size, family, _vocoder_rtf(eng, int(ge.size), voice)))
+        log.info("%s %s %s %s vocoder: RTF %.3f", engine, precision, size, family, rows[-1].vocoder_rtf)
+        del eng
+    return rows
 
 
 def _isolated(fn: Callable[..., Any], *args: Any) -> Any:
@@ -567,6 +633,20 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def format_vocoder_table(rows: list[VocoderRow]) -> str:
+    """The vocoder RTF of each SoVITS family side by side, one line per engine, size and contention."""
+    head = f"{'engine':7} {'prec':5} {'device':7} {'size':5} " + " ".join(f"{f:>9}" for f in FAMILIES) + \
+        f" {'contend':>7}"
+    lines = ["SoVITS vocoder RTF by family (6 s of audio; seconds per second of audio):", head, "-" * len(head)]
+    groups: dict[tuple[str, str, str, str, int], dict[str, float]] = {}
+    for r in rows:
+        groups.setdefault((r.engine, r.precision, r.device, r.size, r.contend), {})[r.family] = r.vocoder_rtf
+    for (engine, precision, device, size, contend), rtf in groups.items():
+        cells = " ".join(f"{rtf[f]:9.3f}" if f in rtf else f"{'-':>9}" for f in FAMILIES)
+        lines.append(f"{engine:7} {precision:5} {device:7} {size:5} {cells} {contend:7d}")
+    return "\n".join(lines)
+
+
 def format_accuracy_table(rows: list[AccuracyRow]) -> str:
     head = f"{'engine':7} {'prec':5} {'size':5} {'steps':>5} {'argmax':>7} {'top-15':>7} {'cos mean':>9} {'cos min':>8}"
     lines = ["Lower precision vs fp32, teacher-forced along fp32's greedy path:", head, "-" * len(head)]
@@ -616,23 +696,28 @@ def run_bench(config: Any, args: argparse.Namespace) -> int:
     rows: list[Row] = []
     pipeline_rows: list[PipelineRow] = []
     accuracy: list[AccuracyRow] = []
+    vocoders: list[VocoderRow] = []
     for contend in levels:
         for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
-            r, p, a = bench_size(size, engines, batches, args.steps, device, threads, contend,
-                                 info["read_gb_s"] if device == "cpu" else None)
+            r, p, a, v = bench_size(size, engines, batches, args.steps, device, threads, contend,
+                                    info["read_gb_s"] if device == "cpu" else None)
             rows.extend(r)
             pipeline_rows.extend(p)
             accuracy.extend(a)
+            vocoders.extend(v)
     print(format_table(rows))
     if pipeline_rows:
         print()
         print(format_pipeline_table(pipeline_rows))
+    if vocoders:
+        print()
+        print(format_vocoder_table(vocoders))
     if accuracy:
         print()
         print(format_accuracy_table(accuracy))
     if args.json:
         args.json.write_text(json.dumps({"meta": info, "rows": [asdict(r) for r in rows] + [
-            {"engine": "pipeline", **asdict(p)} for p in pipeline_rows], "accuracy": [asdict(a) for a in accuracy]},
-            indent=1))
+            {"engine": "pipeline", **asdict(p)} for p in pipeline_rows], "accuracy": [asdict(a) for a in accuracy],
+            "families": [asdict(v) for v in vocoders]}, indent=1))
         print(f"wrote {args.json}")
     return 0

@@ -1,4 +1,5 @@
-"""ONNX export of GPT-SoVITS v2 for the ONNX Runtime and TensorRT engines, graph checks, and ``engines build``.
+"""ONNX export of GPT-SoVITS v2/v2Pro/v2ProPlus for the ONNX Runtime and TensorRT engines, graph checks, and
+``engines build``.
 
 Five graphs, all fp32, opset 17, dynamic over batch and lengths, with no random op, no STFT and no Python-side
 control flow baked in (the faults of upstream's own export, reference section 9.1):
@@ -11,7 +12,8 @@ gpt_step            tokens [B] i64, audio_pos [B] i64, kv_bias [B,T],      logit
                     past_k_<l> [B,H,hd,T], past_v_<l> [B,H,T,hd] per layer
 sovits_decode       codes [1,1,Ts] i64, text [1,Tt] i64, ge [1,gin,1],     wav [1,1,frames*640]
                     noise [1,C,frames] (eps * noise_scale; zeros: none)
-ref_style           spec [B,1025,Tr] (linear spectrogram)                 ge [B,gin,1]
+ref_style           spec [B,1025,Tr] (linear spectrogram);                ge [B,gin,1]
+                    v2Pro/v2ProPlus also sv [B,sv_dim] (SV features)
 extract_latent      ssl [B,768,T50] (HuBERT features)                      codes [1,B,T50//2] i64
 ==================  =====================================================  ===========================================
 
@@ -21,7 +23,9 @@ returns only the new token's K and V; the caller writes them into its cache. The
 a separate score, so the graph never concatenates the cache. K is stored transposed (``[hd, T]``) so both attention
 products are plain MatMuls. Sampling stays outside the graphs, in :mod:`engines.gpt_sovits.sampling`, so upstream's
 exact rules hold on every backend. ``noise``'s frame count sets the output length, so speed needs no graph input:
-at speed 1 it is ``2 Ts`` and the linear resize is the identity.
+at speed 1 it is ``2 Ts`` and the linear resize is the identity. For v2Pro/v2ProPlus, ``ge`` is the fused style
+(``PReLU(ref_enc + sv_emb(sv))``, what flow and vocoder read) and ``sovits_decode`` feeds the MRTE ``ge_to512(ge)``
+itself; the SV features come from the torch SV model, outside the graphs (its filter banks are an FFT).
 """
 
 from __future__ import annotations
@@ -247,7 +251,7 @@ def _export(module: nn.Module, args: tuple[Tensor, ...], path: Path, inputs: lis
 
 def export_onnx(gpt_ckpt: str | os.PathLike[str], sovits_ckpt: str | os.PathLike[str],
                 out_dir: str | os.PathLike[str], opset: int = DEFAULT_OPSET) -> dict[str, Path]:
-    """Export the five graphs of a GPT + SoVITS v2 checkpoint pair to ``out_dir`` (plus ``manifest.json``).
+    """Export the five graphs of a GPT + SoVITS (v2, v2Pro, v2ProPlus) checkpoint pair to ``out_dir`` (+ manifest).
 
     Parameters
     ----------

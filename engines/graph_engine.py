@@ -8,6 +8,9 @@ a copy. ``T`` follows the decoder's bucketed attention length, and the buffers a
 the number of rows or that bucket changes. The graph returns the new token's K/V, written in place here.
 
 HuBERT and BERT stay in torch (transformers); the reference spectrogram is computed in torch, outside the graphs.
+A v2Pro/v2ProPlus SoVITS's speaker-verification features come from the torch SV model too
+(:class:`engines.gpt_sovits.sv.LazySpeakerEncoder`, fp32): like HuBERT it runs once per voice, at enrollment, and its
+filter banks are an FFT, which the graphs exclude; the ``ref_style`` graph then fuses them into the clip's style.
 A :class:`GraphEngine` may also be given the torch GPT with the fused CPU step instead of the GPT graphs (the onnx
 backend does so on CPUs, see :mod:`engines.onnx_engine`).
 """
@@ -26,14 +29,16 @@ from engines.base import BERT_DIM, ChunkCallback, EngineError, ModelPaths, Seman
 from engines.encoders import LazyEncoders, encode_reference
 from engines.export import MANIFEST, load_manifest, model_key
 from engines.gpt_sovits import cpu_step
-from engines.gpt_sovits.checkpoint import V2PRO_VERSIONS, load_sovits_checkpoint
+from engines.gpt_sovits.checkpoint import (V2PRO_VERSIONS, file_fingerprint, load_sovits_checkpoint, model_id,
+                                          require_model_files)
 from engines.gpt_sovits.generate import MAX_CONTEXT, SYNC_EVERY, BatchDecoder, SlotBatch
 from engines.gpt_sovits.gpt import KV_BUCKET, GptConfig, Text2SemanticModel
+from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice, require_sv_model
 from engines.runtime import use_lane_stream
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GraphEngine", "GraphGpt", "GraphRunner", "refuse_v2pro", "sovits_family"]
+__all__ = ["GraphEngine", "GraphGpt", "GraphRunner", "graph_model", "sovits_family"]
 
 
 class GraphRunner(Protocol):
@@ -161,15 +166,6 @@ class GraphGpt:
 # ------------------------------------------------------------------------------------------------------- the engine
 
 
-V2PRO_ON_GRAPHS = "v2Pro/v2ProPlus models run on the torch backend for now; set engine.backend: torch"
-
-
-def refuse_v2pro(version: str) -> None:
-    """The graph engines run the v2 SoVITS graphs only: refuse a v2Pro/v2ProPlus model (``auto`` then uses torch)."""
-    if version in V2PRO_VERSIONS:
-        raise EngineError(V2PRO_ON_GRAPHS)
-
-
 def sovits_family(models: ModelPaths, onnx_dir: str | os.PathLike[str]) -> str:
     """The SoVITS family (``"v2"``, ``"v2Pro"``, ``"v2ProPlus"``) of ``models``: from its export's manifest when one
     exists (no checkpoint load on a warm start), else from the checkpoint, before any export work is spent on it."""
@@ -181,11 +177,26 @@ def sovits_family(models: ModelPaths, onnx_dir: str | os.PathLike[str]) -> str:
             pass  # a stale or damaged export: ensure_onnx reports or redoes it
     if not Path(models.sovits).is_file():
         return "v2"  # ensure_onnx names the missing file
-    return load_sovits_checkpoint(models.sovits).version
+    return load_sovits_checkpoint(models.sovits).version  # v3/v4 files are refused here, with the reason
+
+
+def graph_model(models: ModelPaths, onnx_dir: str | os.PathLike[str]) -> tuple[str, Path | None]:
+    """The model id of a graph engine over ``models`` and the SV model file it needs (None for a v2 SoVITS).
+
+    Checked before any export work is spent: a v2Pro/v2ProPlus SoVITS without its SV model is refused as the torch
+    engine refuses it, and the id is the torch engine's for the same files (the SV model's bytes included), so a
+    voice encoded by one backend fits the other.
+    """
+    require_model_files(models)
+    family = sovits_family(models, onnx_dir)
+    if family not in V2PRO_VERSIONS:
+        return model_id(models), None
+    sv = require_sv_model(models, family)
+    return model_id(models, file_fingerprint(sv)), sv
 
 
 class GraphEngine:
-    """GPT-SoVITS v2 over exported graphs; the Engine protocol for the onnx and tensorrt backends.
+    """GPT-SoVITS v2/v2Pro/v2ProPlus over exported graphs; the Engine protocol for the onnx and tensorrt backends.
 
     Thread-safety: the GPT and the rest may run on two threads at once (each decode batch owns its cache).
     """
@@ -194,7 +205,7 @@ class GraphEngine:
 
     def __init__(self, runner: GraphRunner, manifest: dict[str, Any], *, device: str, precision: str, model_id: str,
                  hubert_path: Path | None, bert_path: Path | None, max_batch: int, step_graph: str = "gpt_step",
-                 gpt: Text2SemanticModel | None = None, threads: int = 1):
+                 gpt: Text2SemanticModel | None = None, threads: int = 1, sv_path: Path | None = None):
         self.runner = runner
         self.gpt = gpt  # the torch GPT with the fused CPU step, or None: the GPT graphs
         self.threads = threads
@@ -207,6 +218,11 @@ class GraphEngine:
         self.sample_rate = int(manifest["sovits"]["sampling_rate"])
         half = device.startswith("cuda") and precision == "fp16"
         self.encoders = LazyEncoders(hubert_path, bert_path, device, torch.float16 if half else torch.float32)
+        self.version = str(manifest["sovits"].get("version", "v2"))
+        self.sv_dim = int(manifest["sovits"].get("sv_dim") or 0)  # 0: a v2 SoVITS, which reads no SV features
+        # v2Pro/v2ProPlus: the speaker-verification model (checked now, loaded when the first voice is encoded)
+        self.speaker = (LazySpeakerEncoder(sv_path, device, self.sv_dim)
+                        if self.sv_dim and sv_path is not None else None)
 
     def bind_thread(self) -> None:
         """Called once by each thread that will run this engine: on a GPU, a CUDA stream of its own; on a CPU with
@@ -220,17 +236,38 @@ class GraphEngine:
 
     # ---- Engine protocol -------------------------------------------------------------------------------------
 
+    @torch.inference_mode()
     def encode_speaker(self, refs32k: Sequence[np.ndarray]) -> np.ndarray | None:
-        """None: the graphs run a plain v2 SoVITS, which has no use for speaker-verification features."""
-        refuse_v2pro(str(self.manifest["sovits"].get("version", "v2")))
-        return None
+        """v2Pro/v2ProPlus: the SV features ``[n_refs, sv_dim]`` float32 of each 32 kHz clip (for
+        ``VoicePrompt.sv_emb``), from the torch SV model; None for a plain v2 SoVITS, which has no use for them."""
+        if not self.sv_dim:
+            return None
+        if self.speaker is None:
+            raise EngineError(f"the {self.version} SoVITS needs the speaker-verification model: "
+                              "point models.sv at sv/pretrained_eres2netv2w24s4ep4.ckpt")
+        if not refs32k:
+            raise EngineError("encode_speaker needs at least one 32 kHz reference clip")
+        encoder = self.speaker.get()
+        return torch.cat([encoder.embed(np.asarray(w, np.float32)) for w in refs32k]).cpu().numpy()
 
     @torch.inference_mode()
     def encode_reference(self, wav16k: np.ndarray | None, refs32k: Sequence[np.ndarray],
                          sv_emb: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """As the Engine protocol; ``sv_emb`` is unused (a v2 SoVITS: see :meth:`encode_speaker`)."""
-        return encode_reference(self.encoders, wav16k, refs32k, extract_latent=self.extract_latent,
-                                ref_style=lambda spec, _sv: self.ref_style(spec))
+        """As the Engine protocol; for a v2Pro/v2ProPlus SoVITS each clip's style is fused with its SV features:
+        ``sv_emb`` from :meth:`encode_speaker` (computed here when None), row i for ``refs32k[i]``."""
+        svs = self._sv_rows(refs32k, sv_emb) if refs32k else None  # v2Pro: [1, sv_dim] per clip; v2: None each
+        return encode_reference(self.encoders, wav16k, refs32k, svs=svs, extract_latent=self.extract_latent,
+                                ref_style=self.ref_style)
+
+    def _sv_rows(self, refs32k: Sequence[np.ndarray], sv_emb: np.ndarray | None) -> list[torch.Tensor | None]:
+        """Each clip's SV features ``[1, sv_dim]`` (``sv_emb``'s rows, or computed), or None per clip for v2."""
+        if not self.sv_dim:
+            return [None] * len(refs32k)
+        feats = self.encode_speaker(refs32k) if sv_emb is None else np.asarray(sv_emb, np.float32)
+        assert feats is not None
+        if feats.ndim != 2 or feats.shape[0] != len(refs32k):
+            raise EngineError(f"sv_emb has {feats.shape[0]} rows for {len(refs32k)} reference clips")
+        return [torch.as_tensor(row).view(1, -1) for row in feats]
 
     def extract_latent(self, ssl: torch.Tensor) -> torch.Tensor:
         """HuBERT features ``[B, 768, T50]`` -> codes ``[1, B, T50 // 2]`` int64 (graph ``extract_latent``)."""
@@ -240,12 +277,26 @@ class GraphEngine:
         self.runner.run("extract_latent", {"ssl": ssl}, {"codes": codes})
         return codes
 
-    def ref_style(self, spec: torch.Tensor) -> torch.Tensor:
-        """Linear spectrogram ``[B, 1025, Tr]`` -> ``ge [B, gin, 1]`` fp32 (graph ``ref_style``)."""
+    def ref_style(self, spec: torch.Tensor, sv: torch.Tensor | None = None) -> torch.Tensor:
+        """Linear spectrogram ``[B, 1025, Tr]`` -> ``ge [B, gin, 1]`` fp32 (graph ``ref_style``).
+
+        ``sv``: v2Pro/v2ProPlus only, required there: the same clips' SV features ``[B, sv_dim]``; the graph fuses
+        them into the style (``PReLU(ref_enc + sv_emb(sv))``).
+        """
         dev = self.runner.device
         spec = spec.to(dev, torch.float32).contiguous()
+        inputs = {"spec": spec}
+        if self.sv_dim:
+            if sv is None:
+                raise EngineError(f"a {self.version} SoVITS needs the reference's speaker-verification features")
+            if sv.shape[-1] != self.sv_dim:
+                raise EngineError(f"speaker-verification features have width {sv.shape[-1]}, this {self.version} "
+                                  f"SoVITS reads {self.sv_dim}; use the SV model that belongs to it")
+            inputs["sv"] = sv.to(dev, torch.float32).reshape(spec.shape[0], self.sv_dim).contiguous()
+        elif sv is not None:
+            raise EngineError("this is a plain v2 SoVITS: it takes no speaker-verification features")
         ge = torch.empty(spec.shape[0], self.manifest["sovits"]["gin"], 1, dtype=torch.float32, device=dev)
-        self.runner.run("ref_style", {"spec": spec}, {"ge": ge})
+        self.runner.run("ref_style", inputs, {"ge": ge})
         return ge
 
     @torch.inference_mode()
@@ -268,6 +319,8 @@ class GraphEngine:
     @torch.inference_mode()
     def decode(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,
                noise_scale: float = 0.5, seed: int | None = None) -> np.ndarray:
+        # a v2 voice's style must never reach a v2Pro model, nor the reverse (the torch engine's rule and message)
+        check_voice(voice, self.version, self.sv_dim, int(self.manifest["sovits"]["gin"]))
         return self.decode_with_noise(tokens, phones, voice.ge, speed, noise_scale, seed)[0, 0].cpu().numpy()
 
     def decode_with_noise(self, tokens: np.ndarray, phones: np.ndarray, ge: np.ndarray, speed: float = 1.0,

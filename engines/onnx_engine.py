@@ -22,9 +22,9 @@ import torch
 from engines.base import EngineError, ModelPaths
 from engines.export import GRAPHS, INT8_STEP, ensure_onnx, load_manifest, quantize_step_int8
 from engines.gpt_sovits import cpu_step
-from engines.gpt_sovits.checkpoint import load_gpt_checkpoint, model_id
+from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
 from engines.gpt_sovits.gpt import Text2SemanticModel
-from engines.graph_engine import GraphEngine, refuse_v2pro, sovits_family
+from engines.graph_engine import GraphEngine, graph_model
 from engines.vocoder_int8 import quantize_vocoder_int8
 
 if TYPE_CHECKING:
@@ -105,7 +105,8 @@ class _OrtRunner:
 
 
 class OnnxEngine(GraphEngine):
-    """GPT-SoVITS v2 on ONNX Runtime (CPU; CUDA with onnxruntime-gpu). Precisions: fp32, int8 (CPU, step graph)."""
+    """GPT-SoVITS v2/v2Pro/v2ProPlus on ONNX Runtime (CPU; CUDA with onnxruntime-gpu). Precisions: fp32, int8 (CPU,
+    step graph)."""
 
     name = "onnx"
 
@@ -134,7 +135,7 @@ class OnnxEngine(GraphEngine):
             raise EngineError("int8 is a CPU path of the onnx engine; set engine.device: cpu or another precision")
         if vocoder not in PRECISIONS or (vocoder == "int8" and device != "cpu"):
             raise EngineError(f"engine.vocoder_precision is fp32, or int8 on a CPU; got {vocoder!r} on {device}")
-        refuse_v2pro(sovits_family(models, onnx_dir))
+        ident, sv_path = graph_model(models, onnx_dir)  # v2Pro: its SV model, before any export
         if gpt not in GPT_PATHS:
             raise EngineError(f"gpt must be one of {', '.join(GPT_PATHS)}, got {gpt!r}")
         fused = gpt != "graph" and device == "cpu" and cpu_step.load_library() is not None
@@ -159,6 +160,7 @@ class OnnxEngine(GraphEngine):
         runner = _OrtRunner(files, device, threads)
         log.info("onnx engine: %s on %s (GPT: %s, vocoder %s), graphs from %s", precision, device,
                  "fused CPU step" if fused else step, vocoder, folder)
-        return cls(runner, manifest, device=device, precision=precision, model_id=model_id(models),
+        return cls(runner, manifest, device=device, precision=precision, model_id=ident,
                    hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
-                   step_graph=step, gpt=torch_gpt, threads=threads or len(os.sched_getaffinity(0)))
+                   step_graph=step, gpt=torch_gpt, threads=threads or len(os.sched_getaffinity(0)),
+                   sv_path=sv_path)

@@ -26,8 +26,8 @@ import torch
 
 from engines.base import ModelPaths, BERT_DIM, EngineError
 from engines.export import GRAPHS, ensure_onnx, load_manifest
-from engines.gpt_sovits.checkpoint import file_fingerprint, model_id
-from engines.graph_engine import GraphEngine, refuse_v2pro, sovits_family
+from engines.gpt_sovits.checkpoint import file_fingerprint
+from engines.graph_engine import GraphEngine, graph_model
 from engines.gpt_sovits.generate import MAX_CONTEXT
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,16 @@ def profiles(manifest: dict[str, Any], max_batch: int) -> dict[str, Profile]:
         "sovits_decode": {"codes": ((1, 1, 1), (1, 1, 150), (1, 1, MAX_TOKENS)),
                           "text": ((1, 1), (1, 60), (1, MAX_PHONES)),
                           "noise": ((1, c, 1), (1, c, 300), (1, c, frames))},
-        "ref_style": {"spec": ((1, 1025, 1), (1, 1025, 300), (MAX_REF_BATCH, 1025, MAX_REF_FRAMES))},
+        "ref_style": {"spec": ((1, 1025, 1), (1, 1025, 300), (MAX_REF_BATCH, 1025, MAX_REF_FRAMES)),
+                      **_sv_profile(s)},
         "extract_latent": {"ssl": ((1, 768, 2), (1, 768, 300), (MAX_REF_BATCH, 768, MAX_REF_FRAMES))},
     }
+
+
+def _sv_profile(sovits: dict[str, Any]) -> Profile:
+    """v2Pro/v2ProPlus: ``ref_style``'s second input, the SV features ``[B, sv_dim]`` of the same clips (v2: none)."""
+    d = int(sovits.get("sv_dim") or 0)
+    return {"sv": ((1, d), (1, d), (MAX_REF_BATCH, d))} if d else {}
 
 
 def _import_trt() -> Any:
@@ -268,7 +275,8 @@ def _torch_dtype(trt: Any, dtype: Any) -> torch.dtype:
 
 
 class TensorRTEngine(GraphEngine):
-    """GPT-SoVITS v2 on TensorRT FP16 (GPT logits, norms and softmaxes in FP32; HuBERT/BERT in torch fp16)."""
+    """GPT-SoVITS v2/v2Pro/v2ProPlus on TensorRT FP16 (GPT logits, norms and softmaxes in FP32; HuBERT/BERT and the
+    SV model in torch)."""
 
     name = "tensorrt"
 
@@ -287,10 +295,11 @@ class TensorRTEngine(GraphEngine):
         """
         _import_trt()
         _device_id(device)
-        refuse_v2pro(sovits_family(models, onnx_dir))
+        ident, sv_path = graph_model(models, onnx_dir)  # v2Pro: its SV model, before any export
         folder = ensure_onnx(models, onnx_dir)
         plans = build_trt_engines(folder, trt_dir, device=device, workspace_mb=workspace_mb, max_batch=max_batch)
         runner = _TrtRunner(plans, device)
         log.info("tensorrt engine: fp16 on %s, engines in %s", device, trt_dir)
-        return cls(runner, load_manifest(folder), device=device, precision="fp16", model_id=model_id(models),
-                   hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch)
+        return cls(runner, load_manifest(folder), device=device, precision="fp16", model_id=ident,
+                   hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
+                   sv_path=sv_path)

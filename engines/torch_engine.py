@@ -18,7 +18,7 @@ from engines.gpt_sovits.checkpoint import (file_fingerprint, load_gpt_checkpoint
 from engines.gpt_sovits.generate import MAX_CONTEXT, SYNC_EVERY, BatchDecoder, CudaGraphStep, SlotBatch
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.gpt_sovits.sovits import SoVITSDecoder
-from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice
+from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice, require_sv_model
 from engines.runtime import use_lane_stream
 
 log = logging.getLogger(__name__)
@@ -68,13 +68,7 @@ class TorchEngine:
         more: list[str] = []
         sv_path: Path | None = None
         if sovits.cfg.is_v2pro:  # its voices' style depends on the SV model too, so it is part of the identity
-            sv = getattr(models, "sv", None)
-            if sv is None or not Path(sv).is_file():
-                raise EngineError(f"the {sovits.cfg.version} SoVITS {models.sovits} needs the speaker-verification "
-                                  f"model sv/pretrained_eres2netv2w24s4ep4.ckpt ({sv or 'not configured'} does not "
-                                  "exist): download it from upstream's pretrained set (Hugging Face "
-                                  "lj1995/GPT-SoVITS, folder sv/) and point models.sv in config.yaml at it")
-            sv_path = Path(sv)
+            sv_path = require_sv_model(models, sovits.cfg.version)
             more.append(file_fingerprint(sv_path))
         return cls(gpt, sovits, device=device, precision=precision, model_id=model_id(models, *more),
                    hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,

@@ -18,6 +18,7 @@ import math
 import os
 import re
 import threading
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -25,14 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engines.base import EngineError, ModelFormatError, VoicePrompt
+from engines.base import EngineError, ModelFormatError, ModelPaths, VoicePrompt
 from engines.gpt_sovits.checkpoint import SvCheckpoint, load_sv_checkpoint
 from engines.gpt_sovits.fbank import FBANK_BINS, fbank
 from engines.gpt_sovits.spectrogram import MAX_PEAK_DIVISOR
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ERes2NetV2", "SpeakerEncoder", "LazySpeakerEncoder", "check_voice", "resample_32k_to_16k"]
+__all__ = ["ERes2NetV2", "SpeakerEncoder", "LazySpeakerEncoder", "check_voice", "require_sv_model",
+           "resample_32k_to_16k"]
 
 # ---------------------------------------------------------------------------------------------- 32 -> 16 kHz
 RESAMPLE_ZEROS = 6  # lowpass_filter_width: zero crossings of the sinc on each side
@@ -334,6 +336,26 @@ class LazySpeakerEncoder:
                 model = ERes2NetV2.from_checkpoint(load_sv_checkpoint(self.path), self._device, torch.float32)
                 self._encoder = SpeakerEncoder(model)
             return self._encoder
+
+
+def require_sv_model(models: ModelPaths, version: str) -> Path:
+    """The speaker-verification model file a ``version`` (v2Pro/v2ProPlus) SoVITS needs: ``models.sv``.
+
+    Every engine asks here, so the rule and the message are one; the file's fingerprint belongs in the engine's
+    model id (a voice's style depends on the SV model too).
+
+    Raises
+    ------
+    EngineError
+        ``models.sv`` is not configured or does not exist; the message says where to get it.
+    """
+    sv = getattr(models, "sv", None)
+    if sv is None or not Path(sv).is_file():
+        raise EngineError(f"the {version} SoVITS {models.sovits} needs the speaker-verification model "
+                          f"sv/pretrained_eres2netv2w24s4ep4.ckpt ({sv or 'not configured'} does not exist): download "
+                          "it from upstream's pretrained set (Hugging Face lj1995/GPT-SoVITS, folder sv/) and point "
+                          "models.sv in config.yaml at it")
+    return Path(sv)
 
 
 def check_voice(voice: VoicePrompt, version: str, sv_dim: int, gin: int) -> None:

@@ -1,4 +1,4 @@
-"""Write a complete GPT-SoVITS v2 model set with seeded random weights, in upstream's file formats.
+"""Write a complete GPT-SoVITS v2 (or v2Pro/v2ProPlus) model set with seeded random weights, in upstream's formats.
 
 Used by tests (``size="tiny"``: small and quick) and benchmarks (``size="real"``: the released v2 dimensions), so the
 real loaders and the real runtime run anywhere without downloads. The folder mirrors the released layout::
@@ -13,10 +13,16 @@ damped residual branches) so generation stops after about 11-60 tokens, and the 
 0.1-0.2) and not clipped.
 HuBERT and BERT stay small in ``"real"`` mode (they are not what a benchmark of the GPT/SoVITS measures) unless
 ``full=True``, which writes the released architectures (about 0.8 GB in all).
+
+``family="v2Pro"``/``"v2ProPlus"`` writes that family's SoVITS instead (upstream's ``s2v2Pro.json`` /
+``s2v2ProPlus.json`` changes, the ``sv_emb``/``prelu``/``ge_to512`` weights, the ``05``/``06`` version tag) and the
+speaker-verification model it needs (``sv/pretrained_eres2netv2w24s4ep4.ckpt``, fp16); at ``"real"`` size both have
+the released files' tensor names and shapes (``tests/data/golden-v2pro/real_size_shapes.json``).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
@@ -30,10 +36,11 @@ import torch
 
 from engines.base import BERT_DIM, EOS_TOKEN
 from engines.gpt_sovits.sovits import CODEBOOK_SIZE, SSL_DIM, SovitsConfig, SoVITSDecoder
+from engines.gpt_sovits.sv import ERes2NetV2
 
 log = logging.getLogger(__name__)
 
-__all__ = ["write_model_set", "MODEL_SET_LAYOUT"]
+__all__ = ["write_model_set", "MODEL_SET_LAYOUT", "SV_LAYOUT"]
 
 # Relative paths inside a model set (the same as the released files, so ``models.dir`` can point at either).
 MODEL_SET_LAYOUT = {
@@ -42,6 +49,16 @@ MODEL_SET_LAYOUT = {
     "hubert": "chinese-hubert-base",
     "bert": "chinese-roberta-wwm-ext-large",
 }
+SV_LAYOUT = "sv/pretrained_eres2netv2w24s4ep4.ckpt"  # the SV model of a v2Pro/v2ProPlus set
+FAMILIES = ("v2", "v2Pro", "v2ProPlus")
+# What v2Pro/v2ProPlus change in the SoVITS config (upstream configs/s2v2Pro.json, s2v2ProPlus.json): gin 1024 at the
+# real size (tiny keeps its gin), upsample_initial_channel (x1.5 in v2ProPlus) and the first upsample kernel 16 -> 20.
+V2PRO_GIN = {"tiny": 128, "real": 1024}
+V2PRO_UPSAMPLE = {"v2Pro": (1, 16), "v2ProPlus": (1.5, 20)}  # (initial channel factor, first kernel size)
+V2PRO_MRTE = 512  # the MRTE's width, ge_to512's output (upstream hard-codes 512)
+V2PRO_TAG = {"v2Pro": b"05", "v2ProPlus": b"06"}  # upstream my_save2: the zip's "PK" replaced by the version
+SV_M_CHANNELS = {"tiny": 6, "real": 64}  # ERes2NetV2 stem width: released 64 (features 20480); tiny 6 (1920)
+SV_EMBEDDING = 192  # the unused speaker-embedding head seg_1's width (kept: the released file has it)
 N_PHONES = 732  # v2 symbol table
 N_TOKENS = 1025  # 1024 semantic codes + EOS
 # The random model sets' sizes: "real" = the released v2 models, "tiny" = a small set for CI and quick runs (these
@@ -69,7 +86,8 @@ _WEIGHT_NORMED = re.compile(r"^(dec\.(ups|resblocks)\.|flow\.flows\.\d+\.enc\.(i
 
 
 def write_model_set(
-    directory: str | os.PathLike[str], size: str = "tiny", seed: int = 0, full: bool = False
+    directory: str | os.PathLike[str], size: str = "tiny", seed: int = 0, full: bool = False,
+    family: str = "v2",
 ) -> dict[str, Path]:
     """Write a GPT + SoVITS + HuBERT + BERT model set with seeded random weights.
 
@@ -83,19 +101,28 @@ def write_model_set(
         the same seed gives byte-identical weights.
     full:
         with ``size="real"``, also write HuBERT and BERT at their released sizes (otherwise they stay tiny).
+    family:
+        ``"v2"``, or ``"v2Pro"``/``"v2ProPlus"``: that family's SoVITS (same path) and its SV model.
 
     Returns
     -------
     dict
-        ``{"gpt": Path, "sovits": Path, "hubert": Path, "bert": Path}`` (files for the first two, folders after).
+        ``{"gpt": Path, "sovits": Path, "hubert": Path, "bert": Path}`` (files for the first two, folders after),
+        and ``"sv"`` (a file) for v2Pro/v2ProPlus.
     """
     if size not in GPT_SIZES:
         raise ValueError(f"size must be 'tiny' or 'real', got {size!r}")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     root = Path(directory)
     paths = {name: root / rel for name, rel in MODEL_SET_LAYOUT.items()}
     big = size == "real" and full
     _write_gpt(paths["gpt"], size, seed)
-    _write_sovits(paths["sovits"], size, seed + 1)
+    _write_sovits(paths["sovits"], size, seed + 1, family)
+    if family != "v2":
+        paths["sv"] = root / SV_LAYOUT
+        sd = sv_state_dict(size, seed + 4)
+        _atomic(paths["sv"], lambda tmp: torch.save(sd, tmp))
     _write_hubert(paths["hubert"], seed + 2, big)
     _write_bert(paths["bert"], seed + 3, big)
     log.info("wrote a %s random model set (seed %d) to %s", size, seed, root)
@@ -169,9 +196,14 @@ def _write_gpt(path: Path, size: str, seed: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- SoVITS
-def sovits_config(size: str) -> dict[str, Any]:
-    """An ``s2.json``-like config (plain dicts, as the pretrained files hold) for a SoVITS of ``size``."""
+def sovits_config(size: str, family: str = "v2") -> dict[str, Any]:
+    """An ``s2.json``-like config (plain dicts, as the pretrained files hold) for a SoVITS of ``size``; v2Pro and
+    v2ProPlus with their configs' changes (see :data:`V2PRO_UPSAMPLE`)."""
     hidden, filt, heads, layers, gin, upc = SOVITS_SIZES[size]
+    kernels = [16, 16, 8, 2, 2]
+    if family != "v2":
+        factor, kernels[0] = V2PRO_UPSAMPLE[family]
+        gin, upc = V2PRO_GIN[size], int(upc * factor)
     return {
         "train": {"log_interval": 100, "eval_interval": 500, "seed": 1234, "epochs": 1, "learning_rate": 0.0001,
                   "betas": [0.8, 0.99], "eps": 1e-09, "batch_size": 4, "fp16_run": True, "lr_decay": 0.999875,
@@ -181,21 +213,22 @@ def sovits_config(size: str) -> dict[str, Any]:
                  "win_length": 2048, "n_mel_channels": 128, "mel_fmin": 0.0, "mel_fmax": None, "add_blank": True,
                  "n_speakers": 300, "cleaned_text": True},
         "model": {"inter_channels": hidden, "hidden_channels": hidden, "filter_channels": filt, "n_heads": heads,
-                  "n_layers": layers, "kernel_size": 3, "p_dropout": 0.1, "resblock": "1",
+                  "n_layers": layers, "kernel_size": 3, "p_dropout": 0.1 if family == "v2" else 0.0, "resblock": "1",
                   "resblock_kernel_sizes": [3, 7, 11], "resblock_dilation_sizes": [[1, 3, 5]] * 3,
                   "upsample_rates": [10, 8, 2, 2, 2], "upsample_initial_channel": upc,
-                  "upsample_kernel_sizes": [16, 16, 8, 2, 2], "n_layers_q": 3, "use_spectral_norm": False,
-                  "gin_channels": gin, "semantic_frame_rate": "25hz", "freeze_quantizer": True, "version": "v2"},
+                  "upsample_kernel_sizes": kernels, "n_layers_q": 3, "use_spectral_norm": False,
+                  "gin_channels": gin, "semantic_frame_rate": "25hz", "freeze_quantizer": True, "version": family},
         "s2_ckpt_dir": f"logs/random-{size}",
         "content_module": "cnhubert",
-        "version": "v2",
+        "version": family,
     }
 
 
-def sovits_state_dict(size: str, seed: int) -> dict[str, torch.Tensor]:
+def sovits_state_dict(size: str, seed: int, family: str = "v2") -> dict[str, torch.Tensor]:
     """Seeded random SoVITS weights with upstream's names (weight-normed convs as ``weight_g``/``weight_v``), fp16."""
-    config = sovits_config(size)
+    config = sovits_config(size, family)
     m = config["model"]
+    pro = family != "v2"
     cfg = SovitsConfig(
         inter_channels=m["inter_channels"], hidden_channels=m["hidden_channels"],
         filter_channels=m["filter_channels"], n_heads=m["n_heads"], n_layers=m["n_layers"],
@@ -203,7 +236,8 @@ def sovits_state_dict(size: str, seed: int) -> dict[str, torch.Tensor]:
         resblock_dilation_sizes=tuple(tuple(d) for d in m["resblock_dilation_sizes"]),
         upsample_rates=tuple(m["upsample_rates"]), upsample_initial_channel=m["upsample_initial_channel"],
         upsample_kernel_sizes=tuple(m["upsample_kernel_sizes"]), gin_channels=m["gin_channels"],
-        n_symbols=N_PHONES, mrte_hidden=m["gin_channels"],
+        n_symbols=N_PHONES, mrte_hidden=V2PRO_MRTE if pro else m["gin_channels"],
+        sv_dim=ERes2NetV2(SV_M_CHANNELS[size]).out_dim if pro else 0, version=family,
     )
     gen = torch.Generator().manual_seed(seed)
     shapes = {k: tuple(v.shape) for k, v in SoVITSDecoder(cfg).state_dict().items()}
@@ -221,6 +255,8 @@ def sovits_state_dict(size: str, seed: int) -> dict[str, torch.Tensor]:
             sd[name] = noise / math.sqrt(shape[-1])
         elif name == "enc_p.text_embedding.weight":
             sd[name] = 0.5 * noise
+        elif name == "prelu.weight":
+            sd[name] = 0.25 + 0.05 * noise  # PReLU's usual slope
         else:
             w = noise / math.sqrt(math.prod(shape[1:]))
             if _WEIGHT_NORMED.match(name):
@@ -238,10 +274,46 @@ def sovits_state_dict(size: str, seed: int) -> dict[str, torch.Tensor]:
     return {k: v.half() for k, v in sd.items()}
 
 
-def _write_sovits(path: Path, size: str, seed: int) -> None:
-    """SoVITS ``.pth`` as upstream's ``savee`` writes it (``enc_q`` dropped), with a plain-dict config."""
-    ckpt = {"weight": sovits_state_dict(size, seed), "config": sovits_config(size), "info": "1epoch_1iteration"}
-    _atomic(path, lambda tmp: torch.save(ckpt, tmp))
+def _write_sovits(path: Path, size: str, seed: int, family: str = "v2") -> None:
+    """SoVITS ``.pth`` as upstream's ``savee`` writes it (``enc_q`` dropped), with a plain-dict config; a v2Pro or
+    v2ProPlus file carries its version tag in place of the zip's ``PK`` (upstream ``my_save2``)."""
+    ckpt = {"weight": sovits_state_dict(size, seed, family), "config": sovits_config(size, family),
+            "info": "1epoch_1iteration"}
+    if family == "v2":
+        _atomic(path, lambda tmp: torch.save(ckpt, tmp))
+        return
+    buf = io.BytesIO()
+    torch.save(ckpt, buf)
+    data = V2PRO_TAG[family] + buf.getvalue()[2:]
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_bytes(data)
+
+    _atomic(path, write)
+
+
+def sv_state_dict(size: str, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded random ERes2NetV2 weights as upstream's pretrained SV file holds them: a plain state dict, floats fp16,
+    BatchNorm statistics included, and the unused speaker-embedding head ``seg_1``."""
+    model = ERes2NetV2(SV_M_CHANNELS[size])
+    gen = torch.Generator().manual_seed(seed)
+    sd: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "num_batches_tracked":
+            sd[name] = torch.tensor(1000, dtype=torch.long)
+        elif leaf == "running_var":
+            sd[name] = torch.ones(t.shape)
+        elif leaf == "running_mean" or leaf == "bias":
+            sd[name] = torch.zeros(t.shape)
+        elif t.ndim == 1:  # BatchNorm scales
+            sd[name] = torch.ones(t.shape)
+        else:
+            sd[name] = torch.randn(t.shape, generator=gen) / math.sqrt(math.prod(t.shape[1:]))
+    stats = 2 * model.out_dim  # TSTP pooling: mean and standard deviation
+    sd["seg_1.weight"] = torch.randn(SV_EMBEDDING, stats, generator=gen) / math.sqrt(stats)
+    sd["seg_1.bias"] = torch.zeros(SV_EMBEDDING)
+    return {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
 
 
 # ---------------------------------------------------------------------------------------------- HuBERT, BERT

@@ -77,6 +77,27 @@ def test_bench_tiny_every_engine_table_and_json(tmp_path: Path, capsys: pytest.C
     assert "CPU: " in table and "memory read" in table and "teacher-forced" in table
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a hang guard: two fresh processes (torch, onnx), each timing three vocoders
+def test_bench_families_reports_the_v2pro_vocoders_beside_v2(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--sizes", "tiny", "--engines", "families", "--batches", "1", "--steps", "4", "--json",
+               str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["rows"] == [] and doc["accuracy"] == []  # families alone times the vocoders only
+    vocoders = {(v["engine"], v["precision"], v["family"]): v for v in doc["families"]}
+    assert set(vocoders) == {(e, "fp32", f) for e in ("torch", "onnx") for f in ("v2", "v2Pro", "v2ProPlus")}
+    for key, v in vocoders.items():
+        assert v["size"] == "tiny" and v["device"] == "cpu" and v["contend"] == 0, key
+        assert _measured(v["vocoder_rtf"]), key
+    table = capsys.readouterr().out
+    assert "SoVITS vocoder RTF by family" in table
+    line = next(ln for ln in table.splitlines() if ln.startswith("onnx ") and " tiny " in ln)
+    assert len(line.split()) == 4 + 3 + 1 and "-" not in line.split()  # the three families measured side by side
+
+
 def test_contention_processes_run_for_the_block_only() -> None:
     """--contend N: N busy processes exist inside the block, none after it."""
     from benchmarks.gpt import Contention, parse_contend

@@ -5,11 +5,12 @@ SV features as a second input, ``sovits_decode`` feeds the MRTE ``ge_to512(ge)``
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from engines.export import FORBIDDEN_OPS, TRT_SUPPORTED_OPS, check_graphs, export_onnx, load_manifest
+from engines.export import FORBIDDEN_OPS, TRT_SUPPORTED_OPS, check_graphs, ensure_onnx, load_manifest
 from tests.golden import Golden
 
 ort = pytest.importorskip("onnxruntime")
@@ -20,11 +21,10 @@ pytestmark = [pytest.mark.conformance, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def folder(golden: Golden, golden_v2pro_dir: Path, meta: dict, version: str,
-           tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp(f"onnx-{version}") / "graphs"
-    export_onnx(golden.gpt_path, golden_v2pro_dir / meta["sovits"][version]["file"], out)
-    return out
+def folder(golden: Golden, golden_v2pro_dir: Path, meta: dict, version: str, golden_onnx_dir: Path) -> Path:
+    """The export of golden GPT + golden v2Pro SoVITS (the session's, shared with the engine tests)."""
+    models = SimpleNamespace(gpt=golden.gpt_path, sovits=golden_v2pro_dir / meta["sovits"][version]["file"])
+    return ensure_onnx(models, golden_onnx_dir)
 
 
 def _npz(path: Path) -> dict[str, np.ndarray]:
@@ -76,3 +76,21 @@ def test_decode_graph(folder: Path, golden_v2pro_dir: Path, version: str) -> Non
         (wav,) = sess.run(None, {**feeds, "ge": ge.astype(np.float32), "noise": noise})
         assert wav.shape == io[case].shape, case
         _close(wav, io[case])
+
+
+def test_tensorrt_profiles_cover_every_dynamic_input(folder: Path) -> None:
+    """TensorRT builds from these graphs: every input with a dynamic axis (the SV features included) has a profile
+    whose shapes agree with the graph's fixed axes (checked here without TensorRT)."""
+    from engines.tensorrt_engine import MAX_REF_BATCH, profiles
+
+    table = profiles(load_manifest(folder), max_batch=4)
+    for graph, profile in table.items():
+        inputs = {i.name: i.shape for i in _session(folder, graph).get_inputs()}
+        dynamic = {n for n, shape in inputs.items() if any(not isinstance(d, int) for d in shape)}
+        assert dynamic <= set(profile) <= set(inputs), graph
+        for name, shapes in profile.items():
+            for shape in shapes:
+                assert len(shape) == len(inputs[name]), (graph, name)
+                assert all(d == s for d, s in zip(inputs[name], shape) if isinstance(d, int)), (graph, name, shape)
+    sv_dim = load_manifest(folder)["sovits"]["sv_dim"]
+    assert table["ref_style"]["sv"] == ((1, sv_dim), (1, sv_dim), (MAX_REF_BATCH, sv_dim))

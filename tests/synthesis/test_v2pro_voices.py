@@ -1,7 +1,7 @@
 """Voices on a v2Pro/v2ProPlus model set (the tiny set with the golden v2Pro SoVITS and SV model): a voice keeps its
 speaker-verification features in its prompt file and speaks through ``Synthesizer.stream``; a voice made under
-another model set is re-encoded from its stored clip when it is next used, never mixed; the graph backends refuse
-v2Pro and ``backend: auto`` falls back to torch."""
+another model set is re-encoded from its stored clip when it is next used, never mixed; ``backend: auto`` runs v2Pro
+on the onnx engine on a CPU, which speaks a voice the torch engine made (same files, same voice)."""
 
 from __future__ import annotations
 
@@ -141,16 +141,28 @@ async def test_a_voice_without_its_clip_is_refused_with_the_fix(tiny_config, pro
         await pro.close()
 
 
-def test_the_graph_backends_refuse_v2pro_and_auto_uses_torch(pro_config, tmp_path, monkeypatch):
-    from engines import EngineError, load_engine
-    from engines.onnx_engine import OnnxEngine
-
+async def test_auto_runs_v2pro_on_onnx_and_speaks_a_voice_the_torch_engine_made(pro_config, v2pro_meta, version):
     pytest.importorskip("onnxruntime")
-    with pytest.raises(EngineError, match="set engine.backend: torch"):
-        OnnxEngine.from_files(pro_config.models, tmp_path / "onnx")
-    assert not (tmp_path / "onnx").exists() or not any((tmp_path / "onnx").iterdir())  # no export was spent on it
-    engine = load_engine(dataclasses.replace(pro_config.engine, backend="auto", device="cpu", precision="fp32",
-                                             onnx_dir=tmp_path / "onnx"), pro_config.models)
-    assert engine.name == "torch"
-    sv = engine.encode_speaker([np.zeros(32000, np.float32)])
-    assert sv is not None and sv.ndim == 2 and sv.shape[0] == 1
+    made = build_synthesizer(pro_config)  # the tiny set's torch engine
+    try:
+        assert made.engine.name == "torch"
+        voice = await _create(made)
+        clip = made.voices.load_clip(voice.id)  # [N] float32 @ 32 kHz, as stored
+        sv_torch = made.engine.encode_speaker([clip])
+        _, ge_torch = made.engine.encode_reference(None, [clip], sv_emb=sv_torch)
+    finally:
+        await made.close()
+    auto = dataclasses.replace(pro_config.engine, backend="auto", device="cpu", precision="auto")
+    synth = build_synthesizer(dataclasses.replace(pro_config, engine=auto))
+    try:
+        assert synth.engine.name == "onnx" and synth.engine.model_id == voice.model_id  # same files, same voice
+        await _speak(synth, voice.name)
+        assert synth.counters["voice_reencoded"] == 0
+        # the onnx engine encodes the stored clip as the torch engine does (torch SV model, ref_style graph)
+        sv = synth.engine.encode_speaker([clip])
+        assert sv is not None and sv.shape == (1, _sv_dim(v2pro_meta, version))
+        np.testing.assert_allclose(sv, sv_torch, atol=1e-3)  # golden-v2pro README: sv_emb
+        _, ge = synth.engine.encode_reference(None, [clip], sv_emb=sv)
+        np.testing.assert_allclose(ge, ge_torch, atol=1e-4)  # golden-v2pro README: ge
+    finally:
+        await synth.close()
