@@ -446,7 +446,10 @@ def _vocoders_in_process(engine: str, precision: str, family_sets: dict[str, dic
         instruments.set_cpu_threads(threads)
     t = np.arange(REFERENCE_S * 32000) / 32000  # a harmonic "voice" at 120-160 Hz: [N] float32 @ 32 kHz
     f0 = 140 + 20 * np.sin(2 * np.pi * 3 * t)
-    clip = (0.1 * sum(np.sin(2 * np.pi * np.cumsum(f0 * h) / 32000) / h for h in range(1, 10))).astype(np.float32)
+    clip = np.zeros_like(t)
+    for h in range(1, 10):
+        clip += np.sin(2 * np.pi * np.cumsum(f0 * h) / 32000) / h
+    clip = (0.1 * clip).astype(np.float32)
     (req,) = _requests(1, 1, np.random.default_rng(2))
     rows = []
     for family, models in family_sets.items():
