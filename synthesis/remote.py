@@ -86,6 +86,9 @@ class SynthesisReplica:
 
         self.synth = build()
         await self.synth.warm_up()
+        encoders = getattr(self.synth.engine, "encoders", None)
+        if encoders is not None:  # any replica may be asked to make a voice: HuBERT loads now, not in that request
+            await asyncio.to_thread(encoders.hubert)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.pid = os.getpid()
         self._report_file = Path(report_dir) / f"{self.replica}.json"
@@ -272,9 +275,11 @@ class RemoteSynthesizer:
                                       "try again in a moment"))
         self._admitted += 1
         self.counters["requests"] += 1
-        body = (self._one(text, voice, params, deadline) if isinstance(text, str)
-                else self._pieces(text, voice, params, deadline))
-        return _Admitted(self._timed(body), self._release)
+        admitted = _Admitted(self._release)
+        body = (self._one(text, voice, params, deadline, on_served=admitted.serving) if isinstance(text, str)
+                else self._pieces(text, voice, params, deadline, admitted.serving))
+        admitted.start(self._timed(body))
+        return admitted
 
     def _release(self) -> None:
         self._admitted -= 1
@@ -292,7 +297,8 @@ class RemoteSynthesizer:
             await chunks.aclose()  # type: ignore[attr-defined]
 
     async def _one(self, text: str, voice: Voice | str, params: SynthesisParams | None, deadline: float | None,
-                   index: int | None = None) -> AsyncIterator[AudioChunk]:
+                   index: int | None = None, *, on_served: Callable[[Served], None] | None = None
+                   ) -> AsyncIterator[AudioChunk]:
         """One remote request: its chunks (their sentence index set to ``index`` when given)."""
         remaining = None if deadline is None else deadline - time.monotonic()
         response = self._handle.options(stream=True, method_name="stream").remote(text, voice, params, remaining)
@@ -302,6 +308,8 @@ class RemoteSynthesizer:
             async for item in response:
                 if isinstance(item, Served):
                     served = item
+                    if on_served is not None:
+                        on_served(item)
                     continue
                 yield item if index is None else dataclasses.replace(item, index=index)
             finished = True
@@ -312,7 +320,7 @@ class RemoteSynthesizer:
                 response.cancel()  # the caller went away (or it failed): stop the replica's work
 
     async def _pieces(self, pieces: AsyncIterator[str], voice: Voice | str, params: SynthesisParams | None,
-                      deadline: float | None) -> AsyncIterator[AudioChunk]:
+                      deadline: float | None, on_served: Callable[[Served], None]) -> AsyncIterator[AudioChunk]:
         """Streamed text: each complete sentence a request, up to :data:`LOOKAHEAD` ahead, yielded in order."""
         p = params or self.defaults
         ahead: asyncio.Queue[asyncio.Queue[AudioChunk | BaseException | None] | None] = asyncio.Queue(LOOKAHEAD)
@@ -320,7 +328,7 @@ class RemoteSynthesizer:
 
         async def fetch(sentence: str, index: int, out: asyncio.Queue[AudioChunk | BaseException | None]) -> None:
             try:
-                async for chunk in self._one(sentence, voice, p, deadline, index):
+                async for chunk in self._one(sentence, voice, p, deadline, index, on_served=on_served):
                     await out.put(chunk)
                 await out.put(None)
             except Exception as e:  # noqa: BLE001 - handed to the consumer
@@ -362,7 +370,7 @@ class RemoteSynthesizer:
     def _translate(self, error: BaseException, served: Served | None) -> SpeechError:
         """A remote failure as the error the local path would raise, in one line."""
         from ray import exceptions as rx
-        from ray.serve.exceptions import BackPressureError
+        from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
         where = f"replica {served.replica} (pid {served.pid})" if served is not None else "a synthesis replica"
         if isinstance(error, BackPressureError):
@@ -375,7 +383,10 @@ class RemoteSynthesizer:
             return cause
         if isinstance(error, SpeechError):
             return error
-        if isinstance(error, (rx.RayActorError, rx.NodeDiedError, rx.WorkerCrashedError)):
+        if isinstance(error, DeploymentUnavailableError):
+            return EngineError(f"the synthesis replicas are not running ({error}); see `ray status` and the "
+                               "Serve logs, or restart the bot to deploy them again")
+        if isinstance(error, (rx.RayActorError, rx.NodeDiedError, rx.WorkerCrashedError, ReplicaUnavailableError)):
             self.counters["replica_failed"] += 1
             return EngineError(f"{where} stopped while serving this request ({type(error).__name__}); "
                                "the request is lost, a retry goes to a live replica")
@@ -519,11 +530,21 @@ async def _sentences(text: AsyncIterator[str], p: SynthesisParams, limits: Limit
 
 
 class _Admitted:
-    """A request's chunks; gives its admission back once, however the stream ends (also never iterated)."""
+    """A request's chunks; gives its admission back once, however the stream ends (also never iterated).
 
-    def __init__(self, chunks: AsyncIterator[AudioChunk], release: Callable[[], None]) -> None:
-        self._chunks = chunks
+    ``served``: the replica serving it, once known (for streamed text: the one serving its latest sentence).
+    """
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._chunks: AsyncIterator[AudioChunk] | None = None
         self._release: Callable[[], None] | None = release
+        self.served: Served | None = None
+
+    def start(self, chunks: AsyncIterator[AudioChunk]) -> None:
+        self._chunks = chunks
+
+    def serving(self, served: Served) -> None:
+        self.served = served
 
     def _give_back(self) -> None:
         if self._release is not None:
@@ -534,6 +555,7 @@ class _Admitted:
         return self
 
     async def __anext__(self) -> AudioChunk:
+        assert self._chunks is not None, "started by RemoteSynthesizer.stream"
         try:
             return await anext(self._chunks)
         except BaseException:
@@ -542,7 +564,8 @@ class _Admitted:
 
     async def aclose(self) -> None:
         try:
-            await self._chunks.aclose()  # type: ignore[attr-defined]
+            if self._chunks is not None:
+                await self._chunks.aclose()  # type: ignore[attr-defined]
         finally:
             self._give_back()
 
