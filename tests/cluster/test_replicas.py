@@ -1,0 +1,207 @@
+"""Synthesis replicas on a real local Ray cluster (a head and 2 worker nodes, one replica each), no mocks.
+
+The tiny models of tests/conftest.py, engine threads 1 (so a replica and a local run compute alike), 2 requests per
+replica (``synthesis.queue_size``), 4 requests waiting in Serve's queue (Serve counts a request that is being routed
+as queued too, so a smaller queue would refuse some of 4 requests sent at once to free replicas). One cluster and one deployment for the whole
+module; the test that kills a replica runs last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.serve", reason="ray[serve] is not installed: pip install 'voicebot[cluster]'")
+
+from bot.services import build_local_synthesizer, build_synthesizer  # noqa: E402
+from synthesis import BusyError, EngineError, SynthesisParams, VoiceNotFound  # noqa: E402
+from tests.audio_samples import speech_like_wav  # noqa: E402
+from tests.cluster.local import LocalCluster  # noqa: E402
+
+# the cluster and the replicas start once for the module, inside the first test's time (minutes on a loaded 2-core
+# machine: each replica imports torch and loads and warms up its engine)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+CONSENT = {"user_id": 1, "text": "this is my own voice"}
+PARAMS = SynthesisParams(seed=7, language="en")
+LONG = " ".join(f"This is sentence number {i} of a long reading." for i in range(24))  # holds its slot a while
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(workers=2, cpus=1)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def config(tiny_models, tmp_path_factory, cluster):
+    from bot.config import load_config
+
+    data = tmp_path_factory.mktemp("cluster-data")
+    cfg = load_config(tiny_models / "config.yaml")
+    return dataclasses.replace(
+        cfg,
+        engine=dataclasses.replace(cfg.engine, threads=1),
+        voices=dataclasses.replace(cfg.voices, dir=data / "voices"),
+        cache=dataclasses.replace(cfg.cache, dir=data / "cache"),
+        synthesis=dataclasses.replace(cfg.synthesis, backend="ray", queue_size=2),
+        ray=dataclasses.replace(cfg.ray, address=cluster.address, num_replicas=2, cpus_per_replica=1.0,
+                                max_queued_requests=4, app_name="voicebot-test"),
+    )
+
+
+@pytest.fixture(scope="module")
+def remote(config):
+    import ray
+
+    synth = build_synthesizer(config)
+    yield synth
+    asyncio.run(synth.close())
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local(config):
+    """The same models and voices in this process, with caches of its own: the reference for every output."""
+    cfg = dataclasses.replace(config, synthesis=dataclasses.replace(config.synthesis, backend="local"),
+                              cache=dataclasses.replace(config.cache, dir=config.cache.dir.parent / "local-cache"))
+    synth = build_local_synthesizer(cfg)
+    yield synth
+    asyncio.run(synth.close())
+
+
+@pytest.fixture(scope="module")
+def alice(remote):
+    voice, _ = asyncio.run(remote.voicing.create("alice", speech_like_wav(), "alice.wav",
+                                                 transcript="Hello, this is my voice.", language="en",
+                                                 consent=CONSENT))
+    return voice
+
+
+async def run(synth, text, voice, params=PARAMS):
+    """(chunks' audio, the replica that served it, or None for a local run)."""
+    stream = synth.stream(text, voice, params)
+    audio = [chunk.audio async for chunk in stream]
+    return audio, getattr(stream, "served", None)
+
+
+def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+async def test_concurrent_seeded_requests_are_spread_and_bit_identical_to_a_local_run(remote, local, alice):
+    texts = [f"Replica test {i}. It speaks two sentences." for i in range(4)]
+    together = await asyncio.gather(*(run(remote, t, alice.id) for t in texts))
+    assert len({served.replica for _, served in together}) == 2  # 2 slots per replica: 4 requests need both
+    for text, (audio, _) in zip(texts, together):
+        solo, _ = await run(local, text, alice.id)
+        assert len(solo) >= 2 and same(audio, solo)
+
+
+async def test_a_voice_made_on_one_replica_speaks_on_the_other_and_its_delete_reaches_both(remote, local):
+    bob, _ = await remote.voicing.create("bob", speech_like_wav(seed=3, f0=110), "bob.wav",
+                                         transcript="Hello, this is my voice.", language="en", consent=CONSENT)
+    made_on = remote.voicing.last_replica
+    texts = [f"Bob talks, take {i}." for i in range(4)]
+    results = await asyncio.gather(*(run(remote, t, "bob") for t in texts))  # by name: each replica's own lookup
+    assert {served.replica for _, served in results} - {made_on}  # some were served by the other replica
+    for text, (audio, _) in zip(texts, results):
+        assert same(audio, (await run(local, text, bob.id))[0])
+
+    await remote.voicing.delete(bob.id)
+    assert remote.cache.invalidate_voice(bob.id) == 0  # the replicas' entries (one shared cache) are gone already
+    for _ in range(2):  # both replicas (2 concurrent requests) find it gone
+        outcomes = await asyncio.gather(*(run(remote, "Still there?", bob.id) for _ in range(2)),
+                                        return_exceptions=True)
+        assert all(isinstance(o, VoiceNotFound) for o in outcomes), outcomes
+
+
+async def test_full_replicas_answer_busy_at_once_and_a_cancelled_request_frees_its_slot(remote, alice):
+    holders = []
+    for i in range(4):  # every slot of both replicas
+        stream = remote.stream(f"Holder {i}. " + LONG, alice.id, PARAMS)
+        await anext(stream)
+        holders.append(stream)
+    waiting, firsts = [], []
+    for i in range(4):  # Serve's queue of 4
+        waiting.append(remote.stream(f"Waiter {i}.", alice.id, PARAMS))
+        firsts.append(asyncio.ensure_future(anext(waiting[-1])))
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(0.5)
+    assert not any(f.done() for f in firsts)
+
+    started = time.perf_counter()
+    with pytest.raises(BusyError):  # slots and queue full: refused at once, no waiting
+        await anext(remote.stream("One too many.", alice.id, PARAMS))
+    assert time.perf_counter() - started < 0.5
+    assert remote.busy
+
+    freed_at = time.perf_counter()
+    await holders[0].aclose()  # the caller goes away: its replica's work stops, its slot goes to a waiting one
+    done, _ = await asyncio.wait(firsts, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+    waited = time.perf_counter() - freed_at
+    assert len(done) == 1
+    (lucky,) = [w for w, f in zip(waiting, firsts) if f in done]
+    assert lucky.served.replica == holders[0].served.replica
+    for w, f in zip(waiting, firsts):  # the rest go away while queued: nothing of theirs is left anywhere
+        if w is not lucky:
+            f.cancel()
+            await asyncio.gather(f, return_exceptions=True)
+            await w.aclose()
+
+    rest_started = time.perf_counter()
+    for stream in holders[1:]:  # the others were still speaking all along: they take longer than the wait did
+        async for _ in stream:
+            pass
+    assert time.perf_counter() - rest_started > waited
+    async for _ in lucky:
+        pass
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # every replica reports itself idle: no work left behind
+        states = remote.replicas()
+        if len(states) == 2 and all(s["inflight"] == 0 and s["queue_depth"] == 0 and s["healthy"] for s in states):
+            break
+        await asyncio.sleep(0.5)
+    else:
+        pytest.fail(f"replicas did not go idle: {remote.replicas()}")
+    assert not remote.busy and remote.metrics()["inflight"] == 0
+
+
+async def test_the_benchmark_measures_at_tiny_size(remote, local, alice):
+    from tests.cluster import bench
+
+    o = await bench.overhead(local, remote, alice.id, 2)
+    assert o["local_first_chunk_s"] > 0 and o["remote_first_chunk_s"] > 0
+    assert o["first_chunk_overhead_s"] == o["remote_first_chunk_s"] - o["local_first_chunk_s"]
+    t = await bench.throughput(remote, alice.id, 4, 2)
+    assert t["requests"] == 4 and t["speech_per_s"] > 0 and 0 < t["ttfa_median_s"] <= t["ttfa_p95_s"] <= t["wall_s"]
+
+
+async def test_a_killed_replica_fails_only_its_request_and_the_next_one_succeeds(remote, local, alice):
+    import os
+    import signal
+
+    doomed = remote.stream("Doomed. " + LONG, alice.id, PARAMS)
+    await anext(doomed)
+    survivor_text = "The survivor speaks. It has two sentences."
+    survivor = asyncio.ensure_future(run(remote, survivor_text, alice.id))  # the least loaded replica: the other
+    await asyncio.sleep(0.2)
+    os.kill(doomed.served.pid, signal.SIGKILL)
+    with pytest.raises(EngineError, match="stopped while serving this request"):
+        async for _ in doomed:
+            pass
+    audio, served = await survivor
+    assert served.replica != doomed.served.replica
+    solo = (await run(local, survivor_text, alice.id))[0]
+    assert same(audio, solo)
+    after, served = await run(remote, survivor_text, alice.id)  # the next request goes to a live replica
+    assert served.pid != doomed.served.pid and same(after, solo)
+    assert remote.metrics()["replica_failures"] >= 1
