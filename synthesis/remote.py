@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 DEPLOYMENT = "synthesis"  # the Serve deployment's name inside the application
 REPORT_S = 1.0  # how often a replica writes its state file
 STALE_S = 5.0  # a state file older than this: the replica is not reporting (dead, or stuck)
+FORGET_S = 300.0  # a state file older than this is removed (a replica that died without its goodbye)
 LOOKAHEAD = 2  # streamed text: sentences requested ahead of the one being yielded
 INSTALL_HINT = "Ray Serve is not installed: pip install 'voicebot[cluster]' (or set synthesis.backend: local)"
 Progress = Callable[[str, float], None]
@@ -132,6 +133,13 @@ class SynthesisReplica:
                 "queue_depth": m["queue_depth"], "inflight": m["inflight"], "requests": m["requests"],
                 "busy": m["busy"], "queue_size": s.limits.queue_size, "engine": s.engine_name,
                 "device": s.device}
+
+    async def __del__(self) -> None:
+        """Serve's shutdown of this replica (scale-down, redeploy), after its requests are done: stop reporting, say
+        goodbye in the state folder, close the synthesizer."""
+        self._reporter.cancel()
+        self._report_file.unlink(missing_ok=True)
+        await self.synth.close()
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose device worker died is restarted."""
@@ -412,6 +420,9 @@ class RemoteSynthesizer:
             try:
                 state = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
+                continue
+            if now - float(state.get("at", 0)) > FORGET_S:
+                path.unlink(missing_ok=True)
                 continue
             state["healthy"] = bool(state.get("healthy")) and now - float(state.get("at", 0)) <= STALE_S
             states.append(state)

@@ -127,7 +127,7 @@ async def test_a_voice_made_on_one_replica_speaks_on_the_other_and_its_delete_re
 async def test_full_replicas_answer_busy_at_once_and_a_cancelled_request_frees_its_slot(remote, alice):
     holders = []
     for i in range(4):  # every slot of both replicas
-        stream = remote.stream(f"Holder {i}. " + LONG, alice.id, PARAMS)
+        stream = remote.stream(f"Holder {i}. " + LONG + " " + LONG, alice.id, PARAMS)
         await anext(stream)
         holders.append(stream)
     waiting, firsts = [], []
@@ -185,11 +185,59 @@ async def test_the_benchmark_measures_at_tiny_size(remote, local, alice):
     assert t["requests"] == 4 and t["speech_per_s"] > 0 and 0 < t["ttfa_median_s"] <= t["ttfa_p95_s"] <= t["wall_s"]
 
 
+async def test_the_http_api_speaks_through_the_replicas_unchanged(config, remote, local, alice):
+    import aiohttp
+
+    from bot.http import start_server
+    from bot.services import Services, default_params
+    from synthesis import to_pcm16
+
+    cfg = dataclasses.replace(config, http=dataclasses.replace(
+        config.http, token_env="VOICEBOT_TEST_CLUSTER_NO_TOKEN", rate_limit_per_min=0))
+    runner = await start_server(Services(cfg, remote), "127.0.0.1", 0)
+    text = "The weather is nice today. We should go for a walk."
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        async with aiohttp.ClientSession() as session:
+            query = {"text": text, "text_lang": "en", "ref_audio_path": "alice", "seed": "1234", "media_type": "raw"}
+            async with session.get(url + "/tts", params=query) as r:
+                assert r.status == 200, await r.text()
+                body = await r.read()
+            async with session.get(url + "/healthz") as r:
+                health = await r.json()
+            async with session.get(url + "/metrics") as r:
+                metrics = await r.text()
+    finally:
+        await runner.cleanup()
+    audio, _ = await local.synthesize(text, alice.id, dataclasses.replace(default_params(cfg), language="en",
+                                                                          seed=1234))
+    assert np.array_equal(np.frombuffer(body, "<i2"), to_pcm16(audio))
+    assert (health["status"], health["engine"], health["device"]) == ("ok", "torch", "cpu")
+    assert "voicebot_synthesis_replicas 2.0" in metrics
+
+
+async def test_streamed_text_is_spoken_sentence_by_sentence_in_order(remote, local, alice):
+    sentences = ["The first sentence is here.", "Then comes the second one!", "Is this the third?", "And the last."]
+    text = " ".join(sentences)
+
+    async def pieces():  # a chat model's pieces, ending mid-word
+        for i in range(0, len(text), 6):
+            yield text[i:i + 6]
+
+    chunks = [c async for c in remote.stream(pieces(), alice.id, PARAMS)]
+    assert [c.index for c in chunks] == sorted(c.index for c in chunks)
+    assert [s for i, s in enumerate(sentences) if any(c.index == i for c in chunks)] == sentences
+    for i, sentence in enumerate(sentences):  # each sentence one request: as a local request of that sentence
+        audio = np.concatenate([c.audio for c in chunks if c.index == i])
+        solo, _ = await local.synthesize(sentence, alice.id, PARAMS)
+        assert np.array_equal(audio, solo)
+
+
 async def test_a_killed_replica_fails_only_its_request_and_the_next_one_succeeds(remote, local, alice):
     import os
     import signal
 
-    doomed = remote.stream("Doomed. " + LONG, alice.id, PARAMS)
+    doomed = remote.stream("Doomed. " + " ".join([LONG] * 3), alice.id, PARAMS)  # still speaking when killed
     await anext(doomed)
     survivor_text = "The survivor speaks. It has two sentences."
     survivor = asyncio.ensure_future(run(remote, survivor_text, alice.id))  # the least loaded replica: the other
