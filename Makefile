@@ -98,10 +98,10 @@ cluster: venv
 	$(BIN)/python -m bot --config $(CONFIG) models download
 	RAY_USAGE_STATS_ENABLED=0 $(BIN)/ray start --head --port=$(CLUSTER_PORT) --num-cpus=0 --include-dashboard=false \
 		--disable-usage-stats
-	@pids=""; for i in $$(seq $(CLUSTER_WORKERS)); do \
-		PYTHONPATH=$(CURDIR) $(BIN)/ray start --address=127.0.0.1:$(CLUSTER_PORT) --num-cpus=$(CLUSTER_CPUS) & \
-		pids="$$pids $$!"; done; \
-	for p in $$pids; do wait $$p || { $(BIN)/ray stop; exit 1; }; done
+	@# one after another: on a loaded machine raylets started side by side miss Ray's 30 s start-up wait
+	@for i in $$(seq $(CLUSTER_WORKERS)); do \
+		PYTHONPATH=$(CURDIR) $(BIN)/ray start --address=127.0.0.1:$(CLUSTER_PORT) --num-cpus=$(CLUSTER_CPUS) \
+		|| { $(BIN)/ray stop; exit 1; }; done
 	$(BIN)/python -c 'import sys, yaml; c = yaml.safe_load(open(sys.argv[1])) or {}; \
 		c.setdefault("synthesis", {})["backend"] = "ray"; \
 		c.setdefault("ray", {}).update(address=sys.argv[3], num_replicas=int(sys.argv[4])); \

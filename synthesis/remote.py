@@ -34,6 +34,7 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,11 +203,35 @@ def connect_cluster(build: Callable[[], Synthesizer], options: ClusterOptions, *
             health_check_period_s=5.0, **scale)
         log.info("deploying the synthesis application %r (%s)", options.app_name,
                  scale.get("num_replicas", "autoscaling"))
-        # returns once every replica has started (its model loaded and warmed up)
-        handle = serve.run(deployment.bind(build, str(report_dir)), name=options.app_name, route_prefix=None)
+        handle = _run_bounded(lambda: serve.run(deployment.bind(build, str(report_dir)), name=options.app_name,
+                                                route_prefix=None), options)
     info = handle.options(method_name="info").remote().result(timeout_s=options.ready_timeout_s)
     return RemoteSynthesizer(handle, info, options, voices=voices, cache=cache, defaults=defaults, limits=limits,
                              report_dir=report_dir)
+
+
+def _run_bounded(run: Callable[[], Any], options: ClusterOptions) -> Any:
+    """``serve.run`` returns once every replica has started (its model loaded and warmed up), and waits for ever
+    when the cluster cannot place them: wait at most ``ready_timeout_s``."""
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append(run())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            outcome.append(e)
+        done.set()
+
+    threading.Thread(target=target, name="voicebot-serve-run", daemon=True).start()
+    if not done.wait(options.ready_timeout_s):
+        raise SpeechError(
+            f"the {options.num_replicas if not options.autoscaling else options.min_replicas} synthesis replica(s) "
+            f"did not start within ray.ready_timeout_s={options.ready_timeout_s:g} s: check `ray status` (each needs "
+            f"{options.cpus_per_replica:g} CPU and {options.gpus_per_replica:g} GPU) and the Serve logs")
+    if isinstance(outcome[0], BaseException):
+        raise SpeechError(f"deploying the synthesis replicas failed: {outcome[0]}") from outcome[0]
+    return outcome[0]
 
 
 def shutdown(app_name: str) -> None:
