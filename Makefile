@@ -8,7 +8,7 @@ TORCH_VERSION := 2.13.0
 # cpu | cuda | auto (auto: the CUDA build where nvidia-smi sees an NVIDIA GPU, else the CPU build)
 TORCH_BUILD ?= auto
 
-.PHONY: run test typecheck test-avx2 system-deps venv bench clean
+.PHONY: run test typecheck test-avx2 system-deps venv bench cluster cluster-stop clean
 
 # libopus for Discord voice; a C compiler for the fused CPU decode step (built once for this CPU on first use; without
 # one the GPT decodes with the slower graphs or TorchScript loop on a CPU).
@@ -55,7 +55,7 @@ $(BIN)/.installed: pyproject.toml | $(BIN)/python
 		print("installed torch", torch.__version__, "(CUDA %s build)" % cuda if cuda else "(CPU build)"); \
 		sys.exit(1 if "'"$$build"'" == "cpu" and cuda else 0)' \
 		|| { echo "expected the CPU build of torch, got a CUDA build: rm -rf $(VENV) and run make again"; exit 1; }
-	$(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/python -m pip install -e '.[dev,cluster]'
 	touch $@
 
 venv: system-deps $(BIN)/.installed
@@ -90,6 +90,33 @@ test-avx2: venv
 	VOICEBOT_MARCH=znver2 VOICEBOT_KERNEL_DIR=$$(mktemp -d) \
 	qemu-x86_64 -cpu $(AVX2_CPU) $(BIN)/python -m pytest -q -p no:cacheprovider -m conformance tests/engines \
 		-o timeout=1800 2>&1 | grep -v "^qemu-x86_64: warning: TCG"; exit $${PIPESTATUS[0]}
+
+# A local multi-node Ray cluster on this machine (a head with no CPUs and CLUSTER_WORKERS worker nodes of CLUSTER_CPUS
+# CPUs each, every node its own `ray start`), the synthesis replicas on it (one per worker node with the default
+# ray.cpus_per_replica: 1) and the HTTP API in front of them, until Ctrl-C; then every Ray process of this machine is
+# stopped. CONFIG is used as it is, with synthesis.backend: ray and ray.address/num_replicas set for this cluster
+# (written to a temporary .voicebot-cluster.yaml beside it). README "Cluster" has the same on real machines.
+CLUSTER_WORKERS ?= 2
+CLUSTER_CPUS ?= 1
+CLUSTER_PORT ?= 6380
+CLUSTER_CONFIG = $(dir $(CONFIG)).voicebot-cluster.yaml
+cluster: venv
+	$(BIN)/python -m bot --config $(CONFIG) models download
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/ray start --head --port=$(CLUSTER_PORT) --num-cpus=0 --include-dashboard=false \
+		--disable-usage-stats
+	@# one after another: on a loaded machine raylets started side by side miss Ray's 30 s start-up wait
+	@for i in $$(seq $(CLUSTER_WORKERS)); do \
+		PYTHONPATH=$(CURDIR) $(BIN)/ray start --address=127.0.0.1:$(CLUSTER_PORT) --num-cpus=$(CLUSTER_CPUS) \
+		|| { $(BIN)/ray stop; exit 1; }; done
+	$(BIN)/python -c 'import sys, yaml; c = yaml.safe_load(open(sys.argv[1])) or {}; \
+		c.setdefault("synthesis", {})["backend"] = "ray"; \
+		c.setdefault("ray", {}).update(address=sys.argv[3], num_replicas=int(sys.argv[4])); \
+		yaml.safe_dump(c, open(sys.argv[2], "w"), sort_keys=False)' \
+		$(CONFIG) $(CLUSTER_CONFIG) 127.0.0.1:$(CLUSTER_PORT) $(CLUSTER_WORKERS)
+	trap '$(BIN)/ray stop; rm -f $(CLUSTER_CONFIG)' EXIT; $(BIN)/python -m bot --config $(CLUSTER_CONFIG) serve
+
+cluster-stop: venv
+	$(BIN)/ray stop
 
 bench: venv
 	$(BIN)/python -m bot --config $(CONFIG) bench

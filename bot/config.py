@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from bot.downloads import DEFAULT_FAMILY, MODEL_SETS
-from synthesis import Limits, SpeechError, SynthesisParams
+from synthesis import ClusterOptions, Limits, SpeechError, SynthesisParams
 
 
 class ConfigError(SpeechError):
@@ -34,6 +34,8 @@ class ConfigError(SpeechError):
 MB = 1024 * 1024  # bytes in the config's megabytes
 _PARAMS = SynthesisParams()  # the per-request defaults, written once where they are checked (synthesis.types)
 _LIMITS = Limits()  # the pipeline's limits, likewise
+_CLUSTER = ClusterOptions()  # the Ray Serve replicas' options, likewise
+BACKENDS = ("local", "ray")  # synthesis.backend: where the synthesis runs
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # Each section below is a frozen dataclass; ``__post_init__`` checks its values and raises ValueError with a message
@@ -122,8 +124,10 @@ class SynthesisConfig:
     stream_max_chars: int = _LIMITS.stream_max_chars
     max_text_chars: int = _LIMITS.max_text_chars
     first_chunk_tokens: int = _LIMITS.first_chunk_tokens
+    backend: str = "local"  # local: in this process | ray: on Ray Serve replicas (the ``ray:`` section)
 
     def __post_init__(self) -> None:
+        _check_choice("backend", self.backend, BACKENDS)
         self.params  # noqa: B018 - built (and so checked) here, at load, rather than at the first request
         _subset(Limits, self)
 
@@ -156,6 +160,33 @@ class CacheConfig:
     def __post_init__(self) -> None:
         _check_at_least("prosody_mb", self.prosody_mb, 1)
         _check_at_least("audio_mb", self.audio_mb, 1)
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """``ray:``: the synthesis replicas on Ray Serve, used when ``synthesis.backend`` is ``ray``.
+
+    Each key's default and check are those of :class:`synthesis.ClusterOptions` (:attr:`options`).
+    """
+
+    address: str = _CLUSTER.address
+    app_name: str = _CLUSTER.app_name
+    num_replicas: int = _CLUSTER.num_replicas
+    autoscaling: bool = _CLUSTER.autoscaling
+    min_replicas: int = _CLUSTER.min_replicas
+    max_replicas: int = _CLUSTER.max_replicas
+    target_queue: float = _CLUSTER.target_queue
+    cpus_per_replica: float = _CLUSTER.cpus_per_replica
+    gpus_per_replica: float = _CLUSTER.gpus_per_replica
+    max_queued_requests: int = _CLUSTER.max_queued_requests
+    ready_timeout_s: float = _CLUSTER.ready_timeout_s
+
+    def __post_init__(self) -> None:
+        self.options  # noqa: B018 - checked at load
+
+    @property
+    def options(self) -> ClusterOptions:
+        return _subset(ClusterOptions, self)
 
 
 @dataclass(frozen=True)
@@ -265,6 +296,7 @@ class Config:
     synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)
     voices: VoicesConfig = field(default_factory=VoicesConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     phrases: tuple[str, ...] = ()
     discord: DiscordConfig = field(default_factory=DiscordConfig)
     http: HttpConfig = field(default_factory=HttpConfig)

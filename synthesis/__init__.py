@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from synthesis.audio import StreamEncoder, StreamResampler, encode_audio, read_upload_file, resample
     from synthesis.cache import SynthesisCache
     from synthesis.pipeline import Synthesizer
+    from synthesis.cluster import ClusterOptions
+    from synthesis.remote import RemoteSynthesizer, connect_cluster
     from synthesis.scheduler import DeviceWorker
     from synthesis.text import text_to_phonemes
     from synthesis.voices import VoiceError, VoiceStore, check_name
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = [
     # the pipeline and what it is built from (bot/services.py wires them); a voice name's check, before any work
     "Synthesizer", "Limits", "DeviceWorker", "SynthesisCache", "VoiceStore", "check_name",
+    # the same surface on Ray Serve replicas (synthesis.remote; ray itself is imported only when one connects)
+    "RemoteSynthesizer", "ClusterOptions", "connect_cluster",
     # what crosses the surface: per-call options, a voice, a chunk of audio, the protocol fakes implement
     "SynthesisParams", "Voice", "AudioChunk", "SpeechSynthesizer", "LANGUAGES", "SPLIT_METHODS", "SAMPLE_RATE",
     # errors: the root, and the ones a front-end answers differently (busy, late, no such voice, a voice that
@@ -51,6 +55,7 @@ __all__ = [
 
 _LAZY = {  # name -> the module that defines it, imported on first use
     "Synthesizer": "synthesis.pipeline",
+    "RemoteSynthesizer": "synthesis.remote", "connect_cluster": "synthesis.remote", "ClusterOptions": "synthesis.cluster",
     "DeviceWorker": "synthesis.scheduler",
     "SynthesisCache": "synthesis.cache", "VoiceStore": "synthesis.voices", "check_name": "synthesis.voices",
     "VoiceError": "synthesis.voices",

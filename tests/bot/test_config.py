@@ -105,6 +105,18 @@ BAD_VALUES = {
         ({"stream_max_chars": 0}, "synthesis.stream_max_chars must be a whole number >= 1"),
         ({"max_text_chars": 0}, "synthesis.max_text_chars must be a whole number >= 1"),
         ({"first_chunk_tokens": -1}, "synthesis.first_chunk_tokens must be a whole number >= 0"),
+        ({"backend": "remote"}, "synthesis.backend must be one of local, ray, got 'remote'"),
+    ],
+    "ray": [
+        ({"address": ""}, "ray.address must be auto, local or a cluster address"),
+        ({"app_name": "voice bot"}, "ray.app_name must be letters, digits, - or _, got 'voice bot'"),
+        ({"num_replicas": 0}, "ray.num_replicas must be a whole number >= 1, got 0"),
+        ({"min_replicas": 3, "max_replicas": 2}, "ray.max_replicas must be >= min_replicas (3), got 2"),
+        ({"target_queue": 0}, "ray.target_queue must be a finite number above 0, got 0.0"),
+        ({"cpus_per_replica": 0}, "ray.cpus_per_replica must be a finite number above 0, got 0.0"),
+        ({"gpus_per_replica": -1}, "ray.gpus_per_replica must be a finite number >= 0, got -1.0"),
+        ({"max_queued_requests": 0}, "ray.max_queued_requests must be a whole number >= 1, got 0"),
+        ({"ready_timeout_s": float("inf")}, "ray.ready_timeout_s must be a finite number above 0"),
     ],
     "voices": [
         ({"max_upload_mb": 0}, "voices.max_upload_mb must be a finite number above 0"),

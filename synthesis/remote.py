@@ -1,0 +1,614 @@
+"""Synthesis replicas on Ray Serve, and the client that stands in for a local :class:`Synthesizer` in front of them.
+
+Each replica (:class:`SynthesisReplica`, one Serve replica = one process) owns one local ``Synthesizer``: its engine,
+its device worker with the continuous batching, its own admission limit. A request is one streaming call: the
+replica yields a small header (which replica, which process) and then the request's :class:`AudioChunk` s as the
+local pipeline yields them, so a sentence's audio reaches the caller while the next one is still being made.
+
+:class:`RemoteSynthesizer` is what the bot and the HTTP API get when ``synthesis.backend`` is ``ray``: the same
+``stream`` / ``synthesize`` / ``voices`` / ``voicing`` / ``metrics`` surface, so nothing above it changes.
+
+* Cancellation: closing the stream or cancelling the consuming task cancels the Serve request; the replica's
+  generator is cancelled and the local pipeline stops its model work within one GPT step (as it does locally).
+* Overload: a replica takes at most ``synthesis.queue_size`` requests at once (Serve's ``max_ongoing_requests``);
+  past the replicas' slots a caller waits in Serve's bounded queue of ``ray.max_queued_requests``, and past that
+  it gets :class:`~synthesis.types.BusyError` at once, like the local path.
+* Failures: a replica that dies fails only the requests it was serving, with an :class:`~engines.EngineError`
+  that says so; Serve starts a replacement and routes the next requests to live replicas.
+* Voices and caches: every replica opens the same voice folder and cache folder (the configured data dirs, on a
+  filesystem all nodes share), so a voice made through one replica is read by all, and a delete (folder renamed
+  first, then its cache entries removed, see :mod:`synthesis.voices`) reaches every replica: their caches are the
+  same files, and a write racing the delete is taken back by the writer.
+* Health and queue depth: every replica writes its state to ``<cache dir>/replicas/<replica>.json`` each
+  :data:`REPORT_S`; :meth:`RemoteSynthesizer.replicas` reads them, and Serve's health check restarts a replica
+  whose device worker died.
+
+Ray is imported only here, and only when a cluster is used: ``pip install 'voicebot[cluster]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Sequence
+
+import numpy as np
+
+from engines import EngineError, SpeechError
+from synthesis.cache import SynthesisCache
+from synthesis.cluster import ClusterOptions
+from synthesis.text import SentenceStream
+from synthesis.types import AudioChunk, BusyError, Limits, SynthesisParams, Voice
+from synthesis.voices import Removed, VoiceStore, check_name
+
+if TYPE_CHECKING:
+    from synthesis.pipeline import Synthesizer
+
+log = logging.getLogger(__name__)
+
+DEPLOYMENT = "synthesis"  # the Serve deployment's name inside the application
+REPORT_S = 1.0  # how often a replica writes its state file
+STALE_S = 5.0  # a state file older than this: the replica is not reporting (dead, or stuck)
+FORGET_S = 300.0  # a state file older than this is removed (a replica that died without its goodbye)
+LOOKAHEAD = 2  # streamed text: sentences requested ahead of the one being yielded
+INSTALL_HINT = "Ray Serve is not installed: pip install 'voicebot[cluster]' (or set synthesis.backend: local)"
+Progress = Callable[[str, float], None]
+
+
+# ---- the replica ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Served:
+    """The first item of every streamed response: who serves it."""
+
+    replica: str  # Serve's replica id
+    pid: int  # the replica's process
+
+
+class SynthesisReplica:
+    """One Serve replica: a local :class:`Synthesizer`, built by ``build`` in the replica's process.
+
+    Parameters
+    ----------
+    build: makes the synthesizer (engine, worker, voice store and caches on the shared folders).
+    report_dir: where the replica writes its state file.
+    """
+
+    async def __init__(self, build: Callable[[], Synthesizer], report_dir: str) -> None:  # type: ignore[misc]
+        from ray import serve
+
+        self.synth = build()
+        await self.synth.warm_up()
+        encoders = getattr(self.synth.engine, "encoders", None)
+        if encoders is not None:  # any replica may be asked to make a voice: HuBERT loads now, not in that request
+            await asyncio.to_thread(encoders.hubert)
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.pid = os.getpid()
+        self._report_file = Path(report_dir) / f"{self.replica}.json"
+        self._report_file.parent.mkdir(parents=True, exist_ok=True)
+        self._reporter = asyncio.create_task(self._report_forever())
+        log.info("synthesis replica %s (pid %d) ready: %s", self.replica, self.pid, self.synth.engine_name)
+
+    async def stream(self, text: str, voice: Voice | str, params: SynthesisParams | None,
+                     remaining_s: float | None) -> AsyncIterator[Served | AudioChunk]:
+        """The request's header, then its chunks; ``remaining_s``: the caller's deadline, as time left."""
+        yield Served(self.replica, self.pid)
+        deadline = None if remaining_s is None else self.synth.clock() + remaining_s
+        chunks = self.synth.stream(text, voice, params, deadline=deadline)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    async def create_voice(self, name: str, data: bytes, filename: str,
+                           options: dict[str, Any]) -> tuple[Voice, list[str], str]:
+        """Encode and store a voice (in the shared voice folder): (voice, warnings, this replica)."""
+        voice, warnings = await self.synth.voicing.create(name, data, filename, **options)
+        return voice, warnings, self.replica
+
+    async def precompute(self, voice_id: str, phrases: list[str], params: SynthesisParams | None) -> int:
+        """Compute the prosody of ``phrases`` for a stored voice (background priority); returns how many."""
+        voice = await asyncio.to_thread(self.synth.voices.get, voice_id)
+        return await self.synth.voicing.precompute(voice, phrases, None, params)
+
+    def info(self) -> dict[str, Any]:
+        """The engine this replica runs, and the replica."""
+        s = self.synth
+        return {"engine": s.engine_name, "device": s.device, "precision": s.precision, "replica": self.replica,
+                "pid": self.pid}
+
+    def state(self) -> dict[str, Any]:
+        """Health and load, as written to the state file."""
+        s, m = self.synth, self.synth.metrics()
+        return {"replica": self.replica, "pid": self.pid, "healthy": self._healthy(), "at": time.time(),
+                "queue_depth": m["queue_depth"], "inflight": m["inflight"], "requests": m["requests"],
+                "busy": m["busy"], "queue_size": s.limits.queue_size, "engine": s.engine_name,
+                "device": s.device}
+
+    async def __del__(self) -> None:
+        """Serve's shutdown of this replica (scale-down, redeploy), after its requests are done: stop reporting, say
+        goodbye in the state folder, close the synthesizer."""
+        self._reporter.cancel()
+        self._report_file.unlink(missing_ok=True)
+        await self.synth.close()
+
+    def check_health(self) -> None:
+        """Serve's health check: a replica whose device worker died is restarted."""
+        if not self._healthy():
+            raise RuntimeError(f"replica {self.replica}: the device worker's threads have stopped")
+
+    def _healthy(self) -> bool:
+        return all(t.is_alive() for t in self.synth.worker._threads)  # noqa: SLF001 - the worker's own lanes
+
+    async def _report_forever(self) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(_write_json, self._report_file, self.state())
+            except Exception:  # a full disk must not stop the replica; the state goes stale instead
+                log.warning("replica %s could not write its state", self.replica, exc_info=True)
+            await asyncio.sleep(REPORT_S)
+
+
+def _write_json(path: Path, value: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ---- connecting --------------------------------------------------------------------------------------------------
+
+
+def connect_cluster(build: Callable[[], Synthesizer], options: ClusterOptions, *, voices: VoiceStore,
+            cache: SynthesisCache, defaults: SynthesisParams, limits: Limits) -> RemoteSynthesizer:
+    """Attach to the Serve application ``options.app_name`` (deploying it with ``build`` when it is not running)
+    and return the client. Blocks until the replicas are ready (their models loaded)."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise SpeechError(INSTALL_HINT) from None
+    report_dir = cache.dir / "replicas"
+    if not ray.is_initialized():
+        address = None if options.address == "local" else options.address
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except ConnectionError as e:
+            raise SpeechError(f"cannot reach the Ray cluster at ray.address={options.address!r}: {e}; start it "
+                              "(`make cluster`, or `ray start --head` on the head node) or fix the address") from e
+    status = serve.status().applications.get(options.app_name)
+    if status is not None and str(status.status).endswith("RUNNING"):
+        handle = serve.get_app_handle(options.app_name)
+        log.info("attached to the running synthesis application %r", options.app_name)
+    else:
+        serve.start(proxy_location="Disabled")
+        scale: dict[str, Any] = (
+            {"autoscaling_config": {"min_replicas": options.min_replicas, "max_replicas": options.max_replicas,
+                                    "initial_replicas": options.min_replicas,
+                                    "target_ongoing_requests": options.target_queue}}
+            if options.autoscaling else {"num_replicas": options.num_replicas})
+        deployment = serve.deployment(
+            SynthesisReplica, name=DEPLOYMENT,
+            ray_actor_options={"num_cpus": options.cpus_per_replica, "num_gpus": options.gpus_per_replica},
+            max_ongoing_requests=limits.queue_size, max_queued_requests=options.max_queued_requests,
+            health_check_period_s=5.0, **scale)
+        log.info("deploying the synthesis application %r (%s)", options.app_name,
+                 scale.get("num_replicas", "autoscaling"))
+        handle = _run_bounded(lambda: serve.run(deployment.bind(build, str(report_dir)), name=options.app_name,
+                                                route_prefix=None), options)
+    info = handle.options(method_name="info").remote().result(timeout_s=options.ready_timeout_s)
+    return RemoteSynthesizer(handle, info, options, voices=voices, cache=cache, defaults=defaults, limits=limits,
+                             report_dir=report_dir)
+
+
+def _run_bounded(run: Callable[[], Any], options: ClusterOptions) -> Any:
+    """``serve.run`` returns once every replica has started (its model loaded and warmed up), and waits for ever
+    when the cluster cannot place them: wait at most ``ready_timeout_s``."""
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append(run())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            outcome.append(e)
+        done.set()
+
+    threading.Thread(target=target, name="voicebot-serve-run", daemon=True).start()
+    if not done.wait(options.ready_timeout_s):
+        raise SpeechError(
+            f"the {options.num_replicas if not options.autoscaling else options.min_replicas} synthesis replica(s) "
+            f"did not start within ray.ready_timeout_s={options.ready_timeout_s:g} s: check `ray status` (each needs "
+            f"{options.cpus_per_replica:g} CPU and {options.gpus_per_replica:g} GPU) and the Serve logs")
+    if isinstance(outcome[0], BaseException):
+        raise SpeechError(f"deploying the synthesis replicas failed: {outcome[0]}") from outcome[0]
+    return outcome[0]
+
+
+def shutdown(app_name: str) -> None:
+    """Remove the Serve application (its replicas stop once their requests are done)."""
+    from ray import serve
+
+    serve.delete(app_name)
+
+
+# ---- the client --------------------------------------------------------------------------------------------------
+
+
+class RemoteSynthesizer:
+    """The bot's and the HTTP API's synthesizer when the replicas run on Ray Serve (see the module docstring).
+
+    Parameters
+    ----------
+    handle: the Serve application's handle.
+    info: what :meth:`SynthesisReplica.info` said (engine, device, precision).
+    options: the cluster options.
+    voices, cache: the shared voice store and caches, opened here too (listing voices, deleting them).
+    defaults, limits: as for the local synthesizer (the replicas have the same).
+    report_dir: where the replicas write their state.
+    """
+
+    def __init__(self, handle: Any, info: Mapping[str, Any], options: ClusterOptions, *, voices: VoiceStore,
+                 cache: SynthesisCache, defaults: SynthesisParams, limits: Limits, report_dir: Path) -> None:
+        self._handle = handle
+        self._info = dict(info)
+        self.options = options
+        self.voices = voices
+        self.cache = cache
+        self.defaults = defaults
+        self.limits = limits
+        self.report_dir = report_dir
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.ttfa_s: collections.deque[float] = collections.deque(maxlen=512)
+        self.voicing = RemoteVoicing(self)
+        self._admitted = 0
+
+    @property
+    def engine_name(self) -> str:
+        return str(self._info.get("engine", "?"))
+
+    @property
+    def device(self) -> str:
+        return str(self._info.get("device", "?"))
+
+    @property
+    def precision(self) -> str:
+        return str(self._info.get("precision", "?"))
+
+    @property
+    def capacity(self) -> int:
+        """Requests this client may have in flight: every replica's slots plus Serve's queue."""
+        return self.options.capacity_replicas * self.limits.queue_size + self.options.max_queued_requests
+
+    @property
+    def busy(self) -> bool:
+        """True when a new request would be refused at once."""
+        return self._admitted >= self.capacity
+
+    # ---- speech ------------------------------------------------------------------------------------------------
+
+    def stream(self, text: str | AsyncIterator[str], voice: Voice | str, params: SynthesisParams | None = None, *,
+               deadline: float | None = None, priority: int = 0) -> AsyncIterator[AudioChunk]:
+        """Yield audio sentence by sentence, from a replica (see ``Synthesizer.stream``; ``deadline`` is in
+        ``time.monotonic()`` seconds). A string is one request to one replica; streamed text is spoken sentence by
+        sentence as it completes, each sentence its own request (:data:`LOOKAHEAD` ahead)."""
+        del priority  # every remote request is live
+        if self._admitted >= self.capacity:
+            self.counters["busy"] += 1
+            return _refused(BusyError(f"all synthesis replicas are full ({self._admitted} requests in flight); "
+                                      "try again in a moment"))
+        self._admitted += 1
+        self.counters["requests"] += 1
+        admitted = _Admitted(self._release)
+        body = (self._one(text, voice, params, deadline, on_served=admitted.serving) if isinstance(text, str)
+                else self._pieces(text, voice, params, deadline, admitted.serving))
+        admitted.start(self._timed(body))
+        return admitted
+
+    def _release(self) -> None:
+        self._admitted -= 1
+
+    async def _timed(self, chunks: AsyncIterator[AudioChunk]) -> AsyncIterator[AudioChunk]:
+        started, first = time.perf_counter(), True
+        try:
+            async for chunk in chunks:
+                if first:
+                    self.ttfa_s.append(time.perf_counter() - started)
+                    first = False
+                yield chunk
+            self.counters["completed"] += 1
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    async def _one(self, text: str, voice: Voice | str, params: SynthesisParams | None, deadline: float | None,
+                   index: int | None = None, *, on_served: Callable[[Served], None] | None = None
+                   ) -> AsyncIterator[AudioChunk]:
+        """One remote request: its chunks (their sentence index set to ``index`` when given)."""
+        remaining = None if deadline is None else deadline - time.monotonic()
+        response = self._handle.options(stream=True, method_name="stream").remote(text, voice, params, remaining)
+        served: Served | None = None
+        finished = False
+        try:
+            async for item in response:
+                if isinstance(item, Served):
+                    served = item
+                    if on_served is not None:
+                        on_served(item)
+                    continue
+                yield item if index is None else dataclasses.replace(item, index=index)
+            finished = True
+        except Exception as e:  # noqa: BLE001 - every remote failure becomes a SpeechError with a clear message
+            raise self._translate(e, served) from None
+        finally:
+            if not finished:
+                response.cancel()  # the caller went away (or it failed): stop the replica's work
+
+    async def _pieces(self, pieces: AsyncIterator[str], voice: Voice | str, params: SynthesisParams | None,
+                      deadline: float | None, on_served: Callable[[Served], None]) -> AsyncIterator[AudioChunk]:
+        """Streamed text: each complete sentence a request, up to :data:`LOOKAHEAD` ahead, yielded in order."""
+        p = params or self.defaults
+        ahead: asyncio.Queue[asyncio.Queue[AudioChunk | BaseException | None] | None] = asyncio.Queue(LOOKAHEAD)
+        tasks: list[asyncio.Task[None]] = []
+
+        async def fetch(sentence: str, index: int, out: asyncio.Queue[AudioChunk | BaseException | None]) -> None:
+            try:
+                async for chunk in self._one(sentence, voice, p, deadline, index, on_served=on_served):
+                    await out.put(chunk)
+                await out.put(None)
+            except Exception as e:  # noqa: BLE001 - handed to the consumer
+                await out.put(e)
+
+        async def produce() -> None:
+            try:
+                index = 0
+                async for sentence in _sentences(pieces, p, self.limits):
+                    out: asyncio.Queue[AudioChunk | BaseException | None] = asyncio.Queue()
+                    tasks.append(asyncio.create_task(fetch(sentence, index, out)))
+                    await ahead.put(out)
+                    index += 1
+            except Exception as e:  # noqa: BLE001 - the text source failed: the consumer raises it
+                failed: asyncio.Queue[AudioChunk | BaseException | None] = asyncio.Queue()
+                failed.put_nowait(e)
+                await ahead.put(failed)
+            await ahead.put(None)
+
+        producer = asyncio.create_task(produce())
+        try:
+            while (out := await ahead.get()) is not None:
+                while (item := await out.get()) is not None:
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+        finally:
+            for task in (producer, *tasks):
+                task.cancel()
+            await asyncio.gather(producer, *tasks, return_exceptions=True)
+
+    async def synthesize(self, text: str, voice: Voice | str,
+                         params: SynthesisParams | None = None) -> tuple[np.ndarray, list[AudioChunk]]:
+        """The whole text as one waveform ``[N]`` float32 @ 32 kHz, plus the chunks."""
+        chunks = [c async for c in self.stream(text, voice, params)]
+        audio = np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, np.float32)
+        return audio, chunks
+
+    def _translate(self, error: BaseException, served: Served | None) -> SpeechError:
+        """A remote failure as the error the local path would raise, in one line."""
+        from ray import exceptions as rx
+        from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+
+        where = f"replica {served.replica} (pid {served.pid})" if served is not None else "a synthesis replica"
+        if isinstance(error, BackPressureError):
+            self.counters["busy"] += 1
+            return BusyError("all synthesis replicas are full and their queue too; try again in a moment")
+        cause = getattr(error, "cause", None)
+        if isinstance(error, rx.RayTaskError) and isinstance(cause, SpeechError):
+            if isinstance(cause, BusyError):
+                self.counters["busy"] += 1
+            return cause
+        if isinstance(error, SpeechError):
+            return error
+        if isinstance(error, DeploymentUnavailableError):
+            return EngineError(f"the synthesis replicas are not running ({error}); see `ray status` and the "
+                               "Serve logs, or restart the bot to deploy them again")
+        if isinstance(error, (rx.RayActorError, rx.NodeDiedError, rx.WorkerCrashedError, ReplicaUnavailableError)):
+            self.counters["replica_failed"] += 1
+            return EngineError(f"{where} stopped while serving this request ({type(error).__name__}); "
+                               "the request is lost, a retry goes to a live replica")
+        self.counters["remote_error"] += 1
+        first_line = str(cause if cause is not None else error).strip().splitlines()
+        return EngineError(f"{where} failed: {first_line[-1] if first_line else type(error).__name__}")
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """One plain (non-streaming) call on some replica, its failure translated."""
+        try:
+            return await self._handle.options(method_name=method).remote(*args)
+        except Exception as e:  # noqa: BLE001
+            raise self._translate(e, None) from None
+
+    # ---- state -------------------------------------------------------------------------------------------------
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """Each replica's last reported state (``healthy`` is False once its report is older than
+        :data:`STALE_S`): replica, pid, healthy, queue_depth, inflight, requests, busy, queue_size, engine, device."""
+        states = []
+        now = time.time()
+        for path in sorted(self.report_dir.glob("*.json")):
+            try:
+                state = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if now - float(state.get("at", 0)) > FORGET_S:
+                path.unlink(missing_ok=True)
+                continue
+            state["healthy"] = bool(state.get("healthy")) and now - float(state.get("at", 0)) <= STALE_S
+            states.append(state)
+        return states
+
+    def metrics(self) -> dict[str, object]:
+        """This client's counters and the replicas' summed load, for ``/metrics`` and ``/health``."""
+        live = [s for s in self.replicas() if s["healthy"]]
+        c = self.counters
+        return {
+            "queue_depth": sum(int(s["queue_depth"]) for s in live), "inflight": self._admitted,
+            "requests": c["requests"], "busy": c["busy"], "completed": c["completed"],
+            "replica_failures": c["replica_failed"], "remote_errors": c["remote_error"],
+            "replicas": len(live), "ttfa_s": list(self.ttfa_s),
+            "engine": self.engine_name, "device": self.device, "precision": self.precision,
+        }
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------------
+
+    async def warm_up(self) -> None:
+        """Nothing to do: every replica warms its engine up before it takes requests."""
+
+    async def close(self) -> None:
+        """Stop this client's background work; the replicas keep running for the other clients."""
+        await self.voicing.stop_precompute()
+        self.cache.close()
+
+
+class RemoteVoicing:
+    """``Synthesizer.voicing`` for the remote synthesizer: the model work on a replica, the files shared."""
+
+    def __init__(self, synth: RemoteSynthesizer) -> None:
+        self.synth = synth
+        self.last_replica = ""  # the replica that encoded the last voice created here (tests, logs)
+        self._precomputing: dict[asyncio.Task[int], str] = {}
+
+    async def create(self, name: str, data: bytes, filename: str = "", *, consent: Mapping[str, Any],
+                     owner_id: int = 0, transcript: str | None = None, language: str = "auto",
+                     enrollment_prompt: str | None = None, progress: Progress | None = None,
+                     phrases: Sequence[str] = (), voice_id: str | None = None) -> tuple[Voice, list[str]]:
+        """As ``Voicing.create``: encoded on a replica, stored in the shared voice folder."""
+        report = progress or (lambda stage, frac: None)
+        check_name(name)
+        report("encoding", 0.0)
+        options = {"consent": dict(consent), "owner_id": owner_id, "transcript": transcript, "language": language,
+                   "enrollment_prompt": enrollment_prompt, "voice_id": voice_id}
+        voice, warnings, replica = await self.synth.call("create_voice", name, data, filename, options)
+        self.last_replica = replica
+        report("done", 1.0)
+        if phrases:
+            self.precompute(voice, phrases)
+        return voice, list(warnings)
+
+    def precompute(self, voice: Voice, phrases: Sequence[str], progress: Progress | None = None,
+                   params: SynthesisParams | None = None) -> asyncio.Task[int]:
+        """Compute the prosody of ``phrases`` on a replica; cancelling the task cancels the replica's work."""
+
+        async def run() -> int:
+            done = await self.synth.call("precompute", voice.id, list(phrases), params)
+            if progress is not None:
+                progress("done", 1.0)
+            return int(done)
+
+        task = asyncio.create_task(run())
+        self._precomputing[task] = voice.id
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[int]) -> None:
+        self._precomputing.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("precompute failed: %s", task.exception())
+
+    async def stop_precompute(self, voice_id: str | None = None) -> None:
+        pending = [t for t, vid in self._precomputing.items() if voice_id is None or vid == voice_id]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    async def delete(self, voice_id: str) -> Removed:
+        """Remove the voice and every derived byte from the shared folders (every replica reads the same ones)."""
+        await self.stop_precompute(voice_id)
+        return await asyncio.to_thread(self.synth.voices.delete, voice_id)
+
+
+# ---- helpers -----------------------------------------------------------------------------------------------------
+
+
+async def _sentences(text: AsyncIterator[str], p: SynthesisParams, limits: Limits) -> AsyncIterator[str]:
+    """Sentences of streamed text as soon as they are certainly complete (the local pipeline's rule: a sentence
+    end, ``stream_max_chars`` pending, or a pause of ``stream_pause_s``)."""
+    splitter = SentenceStream(p.split_method, p.language, limits.stream_max_chars)
+    pieces = aiter(text)
+    next_piece: asyncio.Future[str] | None = None
+    try:
+        while True:
+            next_piece = asyncio.ensure_future(anext(pieces))
+            done, _ = await asyncio.wait({next_piece}, timeout=limits.stream_pause_s)
+            if not done:
+                for s in splitter.flush():
+                    yield s
+                await asyncio.wait({next_piece})
+            try:
+                piece = next_piece.result()
+            except StopAsyncIteration:
+                next_piece = None
+                break
+            next_piece = None
+            for s in splitter.feed(piece):
+                yield s
+        for s in splitter.flush():
+            yield s
+    finally:
+        if next_piece is not None and not next_piece.done():
+            next_piece.cancel()
+
+
+class _Admitted:
+    """A request's chunks; gives its admission back once, however the stream ends (also never iterated).
+
+    ``served``: the replica serving it, once known (for streamed text: the one serving its latest sentence).
+    """
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._chunks: AsyncIterator[AudioChunk] | None = None
+        self._release: Callable[[], None] | None = release
+        self.served: Served | None = None
+
+    def start(self, chunks: AsyncIterator[AudioChunk]) -> None:
+        self._chunks = chunks
+
+    def serving(self, served: Served) -> None:
+        self.served = served
+
+    def _give_back(self) -> None:
+        if self._release is not None:
+            self._release()
+            self._release = None
+
+    def __aiter__(self) -> _Admitted:
+        return self
+
+    async def __anext__(self) -> AudioChunk:
+        assert self._chunks is not None, "started by RemoteSynthesizer.stream"
+        try:
+            return await anext(self._chunks)
+        except BaseException:
+            self._give_back()
+            raise
+
+    async def aclose(self) -> None:
+        try:
+            if self._chunks is not None:
+                await self._chunks.aclose()  # type: ignore[attr-defined]
+        finally:
+            self._give_back()
+
+    def __del__(self) -> None:
+        self._give_back()
+
+
+async def _refused(error: BaseException) -> AsyncIterator[AudioChunk]:
+    raise error
+    yield  # pragma: no cover - makes this an async generator

@@ -1,0 +1,258 @@
+"""Synthesis replicas on a real local Ray cluster (a head and 2 worker nodes, one replica each), no mocks.
+
+The tiny models of tests/conftest.py, engine threads 1 (so a replica and a local run compute alike), 2 requests per
+replica (``synthesis.queue_size``), 4 requests waiting in Serve's queue (Serve counts a request that is being routed
+as queued too, so a smaller queue would refuse some of 4 requests sent at once to free replicas). One cluster and one deployment for the whole
+module; the test that kills a replica runs last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.serve", reason="ray[serve] is not installed: pip install 'voicebot[cluster]'")
+
+from bot.services import build_local_synthesizer, build_synthesizer  # noqa: E402
+from synthesis import BusyError, EngineError, SynthesisParams, VoiceNotFound  # noqa: E402
+from tests.audio_samples import speech_like_wav  # noqa: E402
+from tests.cluster.local import LocalCluster  # noqa: E402
+
+# the cluster and the replicas start once for the module, inside the first test's time (minutes on a loaded 2-core
+# machine: each replica imports torch and loads and warms up its engine)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+CONSENT = {"user_id": 1, "text": "this is my own voice"}
+PARAMS = SynthesisParams(seed=7, language="en")
+# a request that is still speaking whatever the machine's load: ~47,000 characters, a minute or more of the tiny
+# model's work on one CPU, where the tests need it in flight for a second or two (they close it themselves)
+LONG = " ".join(f"This is sentence number {i} of a long reading." for i in range(1000))
+MAX_TEXT_CHARS = 60_000
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(workers=2, cpus=1)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def config(tiny_models, tmp_path_factory, cluster):
+    from bot.config import load_config
+
+    data = tmp_path_factory.mktemp("cluster-data")
+    cfg = load_config(tiny_models / "config.yaml")
+    return dataclasses.replace(
+        cfg,
+        engine=dataclasses.replace(cfg.engine, threads=1),
+        voices=dataclasses.replace(cfg.voices, dir=data / "voices"),
+        cache=dataclasses.replace(cfg.cache, dir=data / "cache"),
+        synthesis=dataclasses.replace(cfg.synthesis, backend="ray", queue_size=2, max_text_chars=MAX_TEXT_CHARS),
+        ray=dataclasses.replace(cfg.ray, address=cluster.address, num_replicas=2, cpus_per_replica=1.0,
+                                max_queued_requests=4, app_name="voicebot-test"),
+    )
+
+
+@pytest.fixture(scope="module")
+def remote(config):
+    import ray
+
+    synth = build_synthesizer(config)
+    yield synth
+    asyncio.run(synth.close())
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local(config):
+    """The same models and voices in this process, with caches of its own: the reference for every output."""
+    cfg = dataclasses.replace(config, synthesis=dataclasses.replace(config.synthesis, backend="local"),
+                              cache=dataclasses.replace(config.cache, dir=config.cache.dir.parent / "local-cache"))
+    synth = build_local_synthesizer(cfg)
+    yield synth
+    asyncio.run(synth.close())
+
+
+@pytest.fixture(scope="module")
+def alice(remote):
+    voice, _ = asyncio.run(remote.voicing.create("alice", speech_like_wav(), "alice.wav",
+                                                 transcript="Hello, this is my voice.", language="en",
+                                                 consent=CONSENT))
+    return voice
+
+
+async def run(synth, text, voice, params=PARAMS):
+    """(chunks' audio, the replica that served it, or None for a local run)."""
+    stream = synth.stream(text, voice, params)
+    audio = [chunk.audio async for chunk in stream]
+    return audio, getattr(stream, "served", None)
+
+
+def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+async def test_concurrent_seeded_requests_are_spread_and_bit_identical_to_a_local_run(remote, local, alice):
+    texts = [f"Replica test {i}. It speaks two sentences." for i in range(4)]
+    together = await asyncio.gather(*(run(remote, t, alice.id) for t in texts))
+    assert len({served.replica for _, served in together}) == 2  # 2 slots per replica: 4 requests need both
+    for text, (audio, _) in zip(texts, together):
+        solo, _ = await run(local, text, alice.id)
+        assert len(solo) >= 2 and same(audio, solo)
+
+
+async def test_a_voice_made_on_one_replica_speaks_on_the_other_and_its_delete_reaches_both(remote, local):
+    bob, _ = await remote.voicing.create("bob", speech_like_wav(seed=3, f0=110), "bob.wav",
+                                         transcript="Hello, this is my voice.", language="en", consent=CONSENT)
+    made_on = remote.voicing.last_replica
+    texts = [f"Bob talks, take {i}." for i in range(4)]
+    results = await asyncio.gather(*(run(remote, t, "bob") for t in texts))  # by name: each replica's own lookup
+    assert {served.replica for _, served in results} - {made_on}  # some were served by the other replica
+    for text, (audio, _) in zip(texts, results):
+        assert same(audio, (await run(local, text, bob.id))[0])
+
+    await remote.voicing.delete(bob.id)
+    assert remote.cache.invalidate_voice(bob.id) == 0  # the replicas' entries (one shared cache) are gone already
+    for _ in range(2):  # both replicas (2 concurrent requests) find it gone
+        outcomes = await asyncio.gather(*(run(remote, "Still there?", bob.id) for _ in range(2)),
+                                        return_exceptions=True)
+        assert all(isinstance(o, VoiceNotFound) for o in outcomes), outcomes
+
+
+async def test_full_replicas_answer_busy_at_once_and_a_cancelled_request_frees_its_slot(remote, alice):
+    holders = []
+    for i in range(4):  # every slot of both replicas
+        stream = remote.stream(f"Holder {i}. " + LONG, alice.id, PARAMS)
+        await anext(stream)
+        holders.append(stream)
+    waiting, firsts = [], []
+    for i in range(4):  # Serve's queue of 4
+        waiting.append(remote.stream(f"Waiter {i}.", alice.id, PARAMS))
+        firsts.append(asyncio.ensure_future(anext(waiting[-1])))
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(0.5)
+    assert not any(f.done() for f in firsts)
+
+    started = time.perf_counter()
+    with pytest.raises(BusyError):  # slots and queue full: refused at once, no waiting
+        await anext(remote.stream("One too many.", alice.id, PARAMS))
+    assert time.perf_counter() - started < 0.5
+    assert remote.busy
+
+    freed_at = time.perf_counter()
+    await holders[0].aclose()  # the caller goes away: its replica's work stops, its slot goes to a waiting one
+    done, _ = await asyncio.wait(firsts, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+    waited = time.perf_counter() - freed_at
+    assert len(done) == 1
+    (lucky,) = [w for w, f in zip(waiting, firsts) if f in done]
+    assert lucky.served.replica == holders[0].served.replica
+    for w, f in zip(waiting, firsts):  # the rest go away while queued: nothing of theirs is left anywhere
+        if w is not lucky:
+            f.cancel()
+            await asyncio.gather(f, return_exceptions=True)
+            await w.aclose()
+
+    assert waited < 20  # a slot freed by the cancel: the holders' own ends are a minute or more away
+    states = {st["replica"]: st for st in remote.replicas()}
+    assert all(states[h.served.replica]["inflight"] >= 1 for h in holders[1:])  # ...and they still speak
+    async for _ in lucky:
+        pass
+    for stream in holders[1:]:
+        await stream.aclose()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # every replica reports itself idle: no work left behind
+        states = remote.replicas()
+        if len(states) == 2 and all(s["inflight"] == 0 and s["queue_depth"] == 0 and s["healthy"] for s in states):
+            break
+        await asyncio.sleep(0.5)
+    else:
+        pytest.fail(f"replicas did not go idle: {remote.replicas()}")
+    assert not remote.busy and remote.metrics()["inflight"] == 0
+
+
+async def test_the_benchmark_measures_at_tiny_size(remote, local, alice):
+    from tests.cluster import bench
+
+    o = await bench.overhead(local, remote, alice.id, 2)
+    assert o["local_first_chunk_s"] > 0 and o["remote_first_chunk_s"] > 0
+    assert o["first_chunk_overhead_s"] == o["remote_first_chunk_s"] - o["local_first_chunk_s"]
+    t = await bench.throughput(remote, alice.id, 4, 2)
+    assert t["requests"] == 4 and t["speech_per_s"] > 0 and 0 < t["ttfa_median_s"] <= t["ttfa_p95_s"] <= t["wall_s"]
+
+
+async def test_the_http_api_speaks_through_the_replicas_unchanged(config, remote, local, alice):
+    import aiohttp
+
+    from bot.http import start_server
+    from bot.services import Services, default_params
+    from synthesis import to_pcm16
+
+    cfg = dataclasses.replace(config, http=dataclasses.replace(
+        config.http, token_env="VOICEBOT_TEST_CLUSTER_NO_TOKEN", rate_limit_per_min=0))
+    runner = await start_server(Services(cfg, remote), "127.0.0.1", 0)
+    text = "The weather is nice today. We should go for a walk."
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        async with aiohttp.ClientSession() as session:
+            query = {"text": text, "text_lang": "en", "ref_audio_path": "alice", "seed": "1234", "media_type": "raw"}
+            async with session.get(url + "/tts", params=query) as r:
+                assert r.status == 200, await r.text()
+                body = await r.read()
+            async with session.get(url + "/healthz") as r:
+                health = await r.json()
+            async with session.get(url + "/metrics") as r:
+                metrics = await r.text()
+    finally:
+        await runner.cleanup()
+    audio, _ = await local.synthesize(text, alice.id, dataclasses.replace(default_params(cfg), language="en",
+                                                                          seed=1234))
+    assert np.array_equal(np.frombuffer(body, "<i2"), to_pcm16(audio))
+    assert (health["status"], health["engine"], health["device"]) == ("ok", "torch", "cpu")
+    assert "voicebot_synthesis_replicas 2.0" in metrics
+
+
+async def test_streamed_text_is_spoken_sentence_by_sentence_in_order(remote, local, alice):
+    sentences = ["The first sentence is here.", "Then comes the second one!", "Is this the third?", "And the last."]
+    text = " ".join(sentences)
+
+    async def pieces():  # a chat model's pieces, ending mid-word
+        for i in range(0, len(text), 6):
+            yield text[i:i + 6]
+
+    chunks = [c async for c in remote.stream(pieces(), alice.id, PARAMS)]
+    assert [c.index for c in chunks] == sorted(c.index for c in chunks)
+    assert [s for i, s in enumerate(sentences) if any(c.index == i for c in chunks)] == sentences
+    for i, sentence in enumerate(sentences):  # each sentence one request: as a local request of that sentence
+        audio = np.concatenate([c.audio for c in chunks if c.index == i])
+        solo, _ = await local.synthesize(sentence, alice.id, PARAMS)
+        assert np.array_equal(audio, solo)
+
+
+async def test_a_killed_replica_fails_only_its_request_and_the_next_one_succeeds(remote, local, alice):
+    import os
+    import signal
+
+    doomed = remote.stream("Doomed. " + LONG, alice.id, PARAMS)  # still speaking when killed
+    await anext(doomed)
+    survivor_text = "The survivor speaks. It has two sentences."
+    survivor = asyncio.ensure_future(run(remote, survivor_text, alice.id))  # the least loaded replica: the other
+    await asyncio.sleep(0.2)
+    os.kill(doomed.served.pid, signal.SIGKILL)
+    with pytest.raises(EngineError, match="stopped while serving this request"):
+        async for _ in doomed:
+            pass
+    audio, served = await survivor
+    assert served.replica != doomed.served.replica
+    solo = (await run(local, survivor_text, alice.id))[0]
+    assert same(audio, solo)
+    after, served = await run(remote, survivor_text, alice.id)  # the next request goes to a live replica
+    assert served.pid != doomed.served.pid and same(after, solo)
+    assert remote.metrics()["replica_failures"] >= 1
