@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import importlib
 import json
 import logging
 import os
@@ -61,6 +62,10 @@ FORGET_S = 300.0  # a state file older than this is removed (a replica that died
 LOOKAHEAD = 2  # streamed text: sentences requested ahead of the one being yielded
 INSTALL_HINT = "Ray Serve is not installed: pip install 'voicebot[cluster]' (or set synthesis.backend: local)"
 Progress = Callable[[str, float], None]
+
+
+def _no_progress(stage: str, fraction: float) -> None:
+    """A :data:`Progress` that reports nowhere."""
 
 
 # ---- the replica ---------------------------------------------------------------------------------------------------
@@ -148,7 +153,7 @@ class SynthesisReplica:
             raise RuntimeError(f"replica {self.replica}: the device worker's threads have stopped")
 
     def _healthy(self) -> bool:
-        return all(t.is_alive() for t in self.synth.worker._threads)  # noqa: SLF001 - the worker's own lanes
+        return self.synth.worker.alive
 
     async def _report_forever(self) -> None:
         while True:
@@ -172,9 +177,9 @@ def connect_cluster(build: Callable[[], Synthesizer], options: ClusterOptions, *
             cache: SynthesisCache, defaults: SynthesisParams, limits: Limits) -> RemoteSynthesizer:
     """Attach to the Serve application ``options.app_name`` (deploying it with ``build`` when it is not running)
     and return the client. Blocks until the replicas are ready (their models loaded)."""
-    try:
-        import ray
-        from ray import serve
+    try:  # Ray's own type information is partial: used as Any
+        ray: Any = importlib.import_module("ray")
+        serve: Any = importlib.import_module("ray.serve")
     except ImportError:
         raise SpeechError(INSTALL_HINT) from None
     report_dir = cache.dir / "replicas"
@@ -439,7 +444,7 @@ class RemoteSynthesizer:
     def replicas(self) -> list[dict[str, Any]]:
         """Each replica's last reported state (``healthy`` is False once its report is older than
         :data:`STALE_S`): replica, pid, healthy, queue_depth, inflight, requests, busy, queue_size, engine, device."""
-        states = []
+        states: list[dict[str, Any]] = []
         now = time.time()
         for path in sorted(self.report_dir.glob("*.json")):
             try:
@@ -489,7 +494,7 @@ class RemoteVoicing:
                      enrollment_prompt: str | None = None, progress: Progress | None = None,
                      phrases: Sequence[str] = (), voice_id: str | None = None) -> tuple[Voice, list[str]]:
         """As ``Voicing.create``: encoded on a replica, stored in the shared voice folder."""
-        report = progress or (lambda stage, frac: None)
+        report: Progress = progress or _no_progress
         check_name(name)
         report("encoding", 0.0)
         options = {"consent": dict(consent), "owner_id": owner_id, "transcript": transcript, "language": language,

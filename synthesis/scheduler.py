@@ -212,6 +212,11 @@ class DeviceWorker:
         self._submit(self._call_queue, job)
         return await self._await(job)
 
+    @property
+    def alive(self) -> bool:
+        """Every lane's thread is running (a replica's health check)."""
+        return all(t.is_alive() for t in self._threads)
+
     def close(self) -> None:
         """Stop the lanes; every job still queued or running fails with :class:`WorkerClosed`."""
         self._closed.set()
