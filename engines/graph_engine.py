@@ -33,7 +33,7 @@ from engines.gpt_sovits.checkpoint import (V2PRO_VERSIONS, file_fingerprint, loa
                                           require_model_files)
 from engines.gpt_sovits.generate import MAX_CONTEXT, SYNC_EVERY, BatchDecoder, SlotBatch
 from engines.gpt_sovits.gpt import KV_BUCKET, GptConfig, Text2SemanticModel
-from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice, require_sv_model
+from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice, require_sv_model, speaker_features, speaker_rows
 from engines.runtime import use_lane_stream
 
 log = logging.getLogger(__name__)
@@ -240,15 +240,7 @@ class GraphEngine:
     def encode_speaker(self, refs32k: Sequence[np.ndarray]) -> np.ndarray | None:
         """v2Pro/v2ProPlus: the SV features ``[n_refs, sv_dim]`` float32 of each 32 kHz clip (for
         ``VoicePrompt.sv_emb``), from the torch SV model; None for a plain v2 SoVITS, which has no use for them."""
-        if not self.sv_dim:
-            return None
-        if self.speaker is None:
-            raise EngineError(f"the {self.version} SoVITS needs the speaker-verification model: "
-                              "point models.sv at sv/pretrained_eres2netv2w24s4ep4.ckpt")
-        if not refs32k:
-            raise EngineError("encode_speaker needs at least one 32 kHz reference clip")
-        encoder = self.speaker.get()
-        return torch.cat([encoder.embed(np.asarray(w, np.float32)) for w in refs32k]).cpu().numpy()
+        return speaker_features(self.speaker, self.version, refs32k) if self.sv_dim else None
 
     @torch.inference_mode()
     def encode_reference(self, wav16k: np.ndarray | None, refs32k: Sequence[np.ndarray],
@@ -263,11 +255,8 @@ class GraphEngine:
         """Each clip's SV features ``[1, sv_dim]`` (``sv_emb``'s rows, or computed), or None per clip for v2."""
         if not self.sv_dim:
             return [None] * len(refs32k)
-        feats = self.encode_speaker(refs32k) if sv_emb is None else np.asarray(sv_emb, np.float32)
-        assert feats is not None
-        if feats.ndim != 2 or feats.shape[0] != len(refs32k):
-            raise EngineError(f"sv_emb has {feats.shape[0]} rows for {len(refs32k)} reference clips")
-        return [torch.as_tensor(row).view(1, -1) for row in feats]
+        feats = speaker_features(self.speaker, self.version, refs32k) if sv_emb is None else sv_emb
+        return list(speaker_rows(feats, len(refs32k)))
 
     def extract_latent(self, ssl: torch.Tensor) -> torch.Tensor:
         """HuBERT features ``[B, 768, T50]`` -> codes ``[1, B, T50 // 2]`` int64 (graph ``extract_latent``)."""

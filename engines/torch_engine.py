@@ -18,7 +18,7 @@ from engines.gpt_sovits.checkpoint import (file_fingerprint, load_gpt_checkpoint
 from engines.gpt_sovits.generate import MAX_CONTEXT, SYNC_EVERY, BatchDecoder, CudaGraphStep, SlotBatch
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.gpt_sovits.sovits import SoVITSDecoder
-from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice, require_sv_model
+from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice, require_sv_model, speaker_features, speaker_rows
 from engines.runtime import use_lane_stream
 
 log = logging.getLogger(__name__)
@@ -107,13 +107,7 @@ class TorchEngine:
         self._check_thread()
         if not self.sovits.cfg.is_v2pro:
             return None
-        if self.speaker is None:
-            raise EngineError(f"the {self.sovits.cfg.version} SoVITS needs the speaker-verification model: "
-                              "point models.sv at sv/pretrained_eres2netv2w24s4ep4.ckpt")
-        if not refs32k:
-            raise EngineError("encode_speaker needs at least one 32 kHz reference clip")
-        encoder = self.speaker.get()
-        return torch.cat([encoder.embed(np.asarray(w, np.float32)) for w in refs32k]).cpu().numpy()
+        return speaker_features(self.speaker, self.sovits.cfg.version, refs32k)
 
     @torch.inference_mode()
     def encode_reference(self, wav16k: np.ndarray | None, refs32k: Sequence[np.ndarray],
@@ -123,11 +117,8 @@ class TorchEngine:
         self._check_thread()
         svs: list[torch.Tensor | None] | None = None
         if refs32k and self.sovits.cfg.is_v2pro:
-            feats = self.encode_speaker(refs32k) if sv_emb is None else np.asarray(sv_emb, np.float32)
-            assert feats is not None
-            if feats.shape[0] != len(refs32k):
-                raise EngineError(f"sv_emb has {feats.shape[0]} rows for {len(refs32k)} reference clips")
-            svs = [torch.as_tensor(row, device=self.device).view(1, -1) for row in feats]
+            feats = speaker_features(self.speaker, self.sovits.cfg.version, refs32k) if sv_emb is None else sv_emb
+            svs = list(speaker_rows(feats, len(refs32k), self.device))
         return encode_reference(
             self.encoders, wav16k, refs32k, svs=svs,
             extract_latent=lambda ssl: self.sovits.extract_latent(ssl.to(self._sovits_dtype)),

@@ -34,6 +34,7 @@ from engines.gpt_sovits.spectrogram import MAX_PEAK_DIVISOR
 log = logging.getLogger(__name__)
 
 __all__ = ["ERes2NetV2", "SpeakerEncoder", "LazySpeakerEncoder", "check_voice", "require_sv_model",
+           "speaker_features", "speaker_rows",
            "resample_32k_to_16k"]
 
 # ---------------------------------------------------------------------------------------------- 32 -> 16 kHz
@@ -356,6 +357,26 @@ def require_sv_model(models: ModelPaths, version: str) -> Path:
                           "it from upstream's pretrained set (Hugging Face lj1995/GPT-SoVITS, folder sv/) and point "
                           "models.sv in config.yaml at it")
     return Path(sv)
+
+
+def speaker_features(speaker: LazySpeakerEncoder | None, version: str, refs32k: Sequence[np.ndarray]) -> np.ndarray:
+    """``Engine.encode_speaker`` of a v2Pro/v2ProPlus SoVITS, for every backend: the SV features ``[n_refs, sv_dim]``
+    float32 of each 32 kHz clip, from ``speaker`` (None: the engine was built without the SV model)."""
+    if speaker is None:
+        raise EngineError(f"the {version} SoVITS needs the speaker-verification model: "
+                          "point models.sv at sv/pretrained_eres2netv2w24s4ep4.ckpt")
+    if not refs32k:
+        raise EngineError("encode_speaker needs at least one 32 kHz reference clip")
+    encoder = speaker.get()
+    return torch.cat([encoder.embed(np.asarray(w, np.float32)) for w in refs32k]).cpu().numpy()
+
+
+def speaker_rows(sv_emb: np.ndarray, n_refs: int, device: torch.device | str = "cpu") -> list[Tensor]:
+    """``sv_emb [n_refs, sv_dim]`` as one ``[1, sv_dim]`` tensor per reference clip (``ref_style``'s input)."""
+    feats = np.asarray(sv_emb, np.float32)
+    if feats.ndim != 2 or feats.shape[0] != n_refs:
+        raise EngineError(f"sv_emb has {feats.shape[0]} rows for {n_refs} reference clips")
+    return [torch.as_tensor(row, device=device).view(1, -1) for row in feats]
 
 
 def check_voice(voice: VoicePrompt, version: str, sv_dim: int, gin: int) -> None:
