@@ -34,8 +34,8 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     sp.add_argument("--sizes", default="tiny,real")
     sp.add_argument("--engines", default="naive,torch,int8,onnx,pipeline,accuracy,families",
                     help="any of naive, torch, int8, onnx, graph (the onnx engine with its GPT step graphs instead of "
-                         "the fused CPU step), voc8 (the onnx engine with int8 GPT and int8 vocoder; with pipeline: its pipeline "
-                         "rows too), pipeline, accuracy (int8 vs fp32, teacher-forced), families (the vocoder RTF of "
+                         "the fused CPU step), voc32 (the onnx engine with int8 GPT and the fp32 vocoder that auto's int8 "
+                         "vocoder replaces; with pipeline: its pipeline rows too), pipeline, accuracy (int8 vs fp32, teacher-forced), families (the vocoder RTF of "
                          "v2, v2Pro and v2ProPlus on torch and onnx)")
     sp.add_argument("--contend", default="0", help="busy-looping processes beside the measurements: N, or 0,1")
     sp.add_argument("--batches", default="1,8")

@@ -40,7 +40,7 @@ PROMPT_TOKENS = 150  # a 5.4 s reference (HuBERT 25 Hz + the 0.6 s pad)
 PROMPT_PHONES = 40
 TTFA_REPEATS = 3
 VOCODER_TOKENS = 150  # vocoder RTF: 6 s of audio (25 tokens per second)
-VOC8 = "onnx-v8"  # row label: the onnx engine (int8 GPT) with the int8 vocoder (engine.vocoder_precision: int8)
+VOC32 = "onnx-v32"  # row label: the onnx engine, int8 GPT with the fp32 vocoder (what auto's int8 vocoder replaced)
 FAMILIES = ("v2", "v2Pro", "v2ProPlus")  # SoVITS families whose vocoders ``families`` times
 REFERENCE_S = 3  # seconds of the synthetic reference a family's voice is encoded from
 CONTEND_LIMIT_S = 3600  # a competitor process ends by itself after this, whatever happens to the bench
@@ -65,6 +65,7 @@ class Row:
     x_floor: float | None = None  # measured ms per step / floor_ms (1.0 = at the memory floor)
     contend: int = 0  # busy-looping processes running beside the measurement
     default: bool = False  # what engine.backend / engine.precision ``auto`` pick on this machine
+    vocoder: str = "fp32"  # the vocoder's precision that ran (engine.vocoder_precision resolved)
 
 
 @dataclass
@@ -92,6 +93,7 @@ class VocoderRow:
     family: str  # v2 | v2Pro | v2ProPlus
     vocoder_rtf: float
     contend: int = 0
+    vocoder: str = "fp32"  # the vocoder's precision that ran
 
 
 def machine_info(threads: int) -> dict[str, Any]:
@@ -377,9 +379,9 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
             jobs += [("onnx", "fp32"), ("onnx", "int8")]
         if "graph" in engines and device == "cpu":  # the onnx engine with the GPT step graphs (what the fused step beat)
             jobs += [("graph", "fp32"), ("graph", "int8")]
-        if "voc8" in engines and device == "cpu":  # the onnx engine's int8 GPT with the int8 vocoder
-            jobs.append((VOC8, "int8"))
-        if device == "cpu" and any(e in engines for e in ("onnx", "graph", "voc8")):  # exported once, outside the timed processes
+        if "voc32" in engines and device == "cpu":  # the onnx engine's int8 GPT with the fp32 vocoder
+            jobs.append((VOC32, "int8"))
+        if device == "cpu" and any(e in engines for e in ("onnx", "graph", "voc32")):  # exported once, outside the timed processes
             _isolated(_export_once, decode_models, tmp)
         family_sets = {"v2": models}
         if "families" in engines:  # the same sizes and seed, each family's SoVITS (and SV model) in a folder of its own
@@ -393,14 +395,17 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
                                           batch == min(batches), steps, device, threads, gin))
             if "pipeline" in engines:
                 backend = auto[0] if auto[0] in ("torch", "onnx") else "torch"
-                runs = [("fp32" if device == "cpu" else "fp16", "fp32")]
+                runs = [("fp32" if device == "cpu" else "fp16", "auto")]
                 if "int8" in engines and device == "cpu":
+                    runs.append(("int8", "auto"))
+                if "voc32" in engines and device == "cpu" and backend == "onnx":
                     runs.append(("int8", "fp32"))
-                if "voc8" in engines and device == "cpu" and backend == "onnx":
-                    runs.append(("int8", "int8"))
                 for precision, vocoder in runs:
-                    pipeline_rows.extend(_isolated(_pipeline_in_process, backend, models, tmp, size, device, threads,
-                                                   precision, vocoder))
+                    made = _isolated(_pipeline_in_process, backend, models, tmp, size, device, threads, precision,
+                                     vocoder)
+                    for p in made:  # what auto picks: the auto backend and precision, and the auto vocoder
+                        p.default = (p.backend, p.precision) == auto and vocoder == "auto"
+                    pipeline_rows.extend(made)
             if "families" in engines:
                 for engine, precision in _vocoder_jobs(device, engines):
                     vocoders.extend(_isolated(_vocoders_in_process, engine, precision, family_sets, tmp, size, device,
@@ -419,18 +424,18 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
             r.x_floor = 1000 * r.batch / r.tokens_per_s / r.floor_ms
     for p in pipeline_rows:
         p.contend = contend
-        p.default = (p.backend, p.precision) == auto and p.vocoder == "fp32"
     for v in vocoders:
         v.contend = contend
     return rows, pipeline_rows, accuracy, vocoders
 
 
 def _vocoder_jobs(device: str, engines: list[str]) -> list[tuple[str, str]]:
-    """(engine, precision) pairs whose vocoders ``families`` times: torch and onnx at the vocoder's precision (the
-    int8 settings quantise the GPT only, so their vocoder is the fp32 one), and with ``voc8`` the int8 vocoder."""
+    """(engine, precision) pairs whose vocoders ``families`` times: torch (fp32: its int8 quantises the GPT only),
+    onnx fp32 (the fp32 vocoder) and onnx int8 (with vocoder_precision auto: the int8 vocoder where its proof holds;
+    the row says which ran)."""
     if device != "cpu":
         return [("torch", "fp16")]
-    return [("torch", "fp32"), ("onnx", "fp32")] + ([(VOC8, "int8")] if "voc8" in engines else [])
+    return [("torch", "fp32"), ("onnx", "fp32"), ("onnx", "int8")]
 
 
 def _vocoders_in_process(engine: str, precision: str, family_sets: dict[str, dict[str, str]], tmp: str, size: str,
@@ -458,7 +463,8 @@ def _vocoders_in_process(engine: str, precision: str, family_sets: dict[str, dic
         sv = eng.encode_speaker([clip])  # None for v2
         _, ge = eng.encode_reference(None, [clip], sv_emb=sv)
         voice = dataclasses.replace(req.voice, ge=np.asarray(ge, np.float32), sv_emb=sv)
-        rows.append(VocoderRow(engine, precision, device, size, family, _vocoder_rtf(eng, int(ge.size), voice)))
+        rows.append(VocoderRow(engine, precision, device, size, family, _vocoder_rtf(eng, int(ge.size), voice),
+                               vocoder=getattr(eng, "vocoder_precision", "fp32")))
         log.info("%s %s %s %s vocoder: RTF %.3f", engine, precision, size, family, rows[-1].vocoder_rtf)
         del eng
     return rows
@@ -483,7 +489,7 @@ def _export_once(models: dict[str, str], tmp: str) -> None:
 
     folder = instruments.ensure_onnx(argparse.Namespace(**{k: Path(v) for k, v in models.items()}), Path(tmp) / "onnx")
     instruments.quantize_step_int8(folder)
-    instruments.quantize_vocoder_int8(folder)
+    instruments.choose_vocoder(folder, "auto")  # the int8 vocoder and its proof
 
 
 def _build(engine: str, precision: str, models: dict[str, str], tmp: str, device: str, batch: int,
@@ -492,11 +498,11 @@ def _build(engine: str, precision: str, models: dict[str, str], tmp: str, device
     from engines import instruments
 
     paths = argparse.Namespace(**{k: Path(v) for k, v in models.items()})
-    if engine in ("onnx", "graph", VOC8):
+    if engine in ("onnx", "graph", VOC32):
         return instruments.OnnxEngine.from_files(paths, Path(tmp) / "onnx", device=device, precision=precision,
                                                  threads=threads, max_batch=batch,
                                                  gpt="graph" if engine == "graph" else "auto",
-                                                 vocoder="int8" if engine == VOC8 else "fp32")
+                                                 vocoder="fp32" if engine == VOC32 else "auto")
     return instruments.TorchEngine.from_files(paths, device=device, precision=precision, max_batch=batch,
                                   cuda_graphs=engine == "torch", threads=threads)
 
@@ -521,7 +527,8 @@ def _bench_engine(engine: str, precision: str, models: dict[str, str], tmp: str,
     voc = _vocoder_rtf(eng, gin) if latency else None
     tps = _time_batch(eng, batch, steps)
     log.info("%s %s %s b%d: %.1f tok/s", engine, precision, size, batch, tps)
-    return [Row(engine, precision, device, size, batch, tps, ttfa, rtf, _peak_mem_mb(device), vocoder_rtf=voc)]
+    return [Row(engine, precision, device, size, batch, tps, ttfa, rtf, _peak_mem_mb(device), vocoder_rtf=voc,
+                vocoder=getattr(eng, "vocoder_precision", "fp32"))]
 
 
 def _pipeline_in_process(backend: str, models: dict[str, str], tmp: str, size: str, device: str, threads: int,
@@ -541,7 +548,7 @@ class PipelineRow:
     backend: str = "torch"
     contend: int = 0
     default: bool = False
-    vocoder: str = "fp32"  # engine.vocoder_precision
+    vocoder: str = "fp32"  # the vocoder's precision that ran (engine.vocoder_precision resolved)
 
 
 PIPELINE_TEXT = ("The weather is lovely this morning. We could walk to the river after lunch. "
@@ -594,7 +601,7 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
                 audio += chunk.audio.size
             total = time.perf_counter() - t0
             rows.append(PipelineRow(precision, size, case, ttfa or 0.0, total / (audio / 32000), audio / 32000,
-                                    backend, vocoder=vocoder))
+                                    backend, vocoder=getattr(synth.engine, "vocoder_precision", "fp32")))
         await synth.voicing.delete(voice.id)
     finally:
         await synth.close()
@@ -615,7 +622,7 @@ def format_table(rows: list[Row]) -> str:
     """The decode table; ``x naive`` is against the naive row of the same size and contention."""
     base = {(r.size, r.contend): r.tokens_per_s for r in rows if r.engine == "naive"}
     quiet = {(r.engine, r.precision, r.size, r.batch): r.tokens_per_s for r in rows if r.contend == 0}
-    head = f"{'engine':7} {'prec':5} {'device':7} {'size':5} {'batch':>5} {'tok/s':>9} {'x naive':>8} " \
+    head = f"{'engine':8} {'prec':5} {'voc':5} {'device':7} {'size':5} {'batch':>5} {'tok/s':>9} {'x naive':>8} " \
            f"{'x floor':>7} {'ttfa s':>8} {'RTF':>7} {'voc RTF':>7} {'peak MB':>8} {'contend':>7} {'x quiet':>7}"
     lines = [head, "-" * len(head)]
 
@@ -628,7 +635,7 @@ def format_table(rows: list[Row]) -> str:
         q = quiet.get((r.engine, r.precision, r.size, r.batch)) if r.contend else None
         kept = (r.tokens_per_s / q) if r.tokens_per_s and q else None  # share of the quiet speed kept
         lines.append(
-            f"{r.engine:7} {r.precision:5} {r.device:7} {r.size:5} {r.batch:5d} "
+            f"{r.engine:8} {r.precision:5} {r.vocoder:5} {r.device:7} {r.size:5} {r.batch:5d} "
             f"{r.tokens_per_s or 0:9.1f} {f(ratio, '%.2fx'):>8} {f(r.x_floor, '%.2f'):>7} "
             f"{f(r.ttfa_s, '%.3f'):>8} {f(r.rtf, '%.3f'):>7} {f(r.vocoder_rtf, '%.3f'):>7} "
             f"{r.peak_mem_mb or 0:8.0f} {r.contend:7d} {f(kept and 100 * kept, '%.0f%%'):>7}"
@@ -638,15 +645,16 @@ def format_table(rows: list[Row]) -> str:
 
 def format_vocoder_table(rows: list[VocoderRow]) -> str:
     """The vocoder RTF of each SoVITS family side by side, one line per engine, size and contention."""
-    head = f"{'engine':7} {'prec':5} {'device':7} {'size':5} " + " ".join(f"{f:>9}" for f in FAMILIES) + \
+    head = f"{'engine':7} {'prec':5} {'voc':5} {'device':7} {'size':5} " + " ".join(f"{f:>9}" for f in FAMILIES) + \
         f" {'contend':>7}"
     lines = ["SoVITS vocoder RTF by family (6 s of audio; seconds per second of audio):", head, "-" * len(head)]
-    groups: dict[tuple[str, str, str, str, int], dict[str, float]] = {}
+    groups: dict[tuple[str, str, str, str, str, int], dict[str, float]] = {}
     for r in rows:
-        groups.setdefault((r.engine, r.precision, r.device, r.size, r.contend), {})[r.family] = r.vocoder_rtf
-    for (engine, precision, device, size, contend), rtf in groups.items():
+        groups.setdefault((r.engine, r.precision, r.vocoder, r.device, r.size, r.contend), {})[r.family] = \
+            r.vocoder_rtf
+    for (engine, precision, vocoder, device, size, contend), rtf in groups.items():
         cells = " ".join(f"{rtf[f]:9.3f}" if f in rtf else f"{'-':>9}" for f in FAMILIES)
-        lines.append(f"{engine:7} {precision:5} {device:7} {size:5} {cells} {contend:7d}")
+        lines.append(f"{engine:7} {precision:5} {vocoder:5} {device:7} {size:5} {cells} {contend:7d}")
     return "\n".join(lines)
 
 

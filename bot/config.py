@@ -81,7 +81,7 @@ class EngineConfig:
     backend: str = "auto"  # auto | torch | onnx | tensorrt (auto: onnx on CPU; see engines.loader.CPU_AUTO_BACKEND)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto | fp32 | fp16 | bf16 | int8 (auto: fp16 on GPU, int8 on CPU)
-    vocoder_precision: str = "fp32"  # fp32 | int8 (the onnx engine on a CPU; see engines.vocoder_int8)
+    vocoder_precision: str = "auto"  # auto | fp32 | int8 (int8: the onnx engine on a CPU; see engines.vocoder_int8)
     threads: int = 0  # CPU threads for torch/onnxruntime; 0 = all cores
     max_batch: int = 8  # most sentences decoded together by the GPT
     cuda_graphs: bool = True
@@ -92,7 +92,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _check_choice("backend", self.backend, ("auto", "torch", "onnx", "tensorrt"))
         _check_choice("precision", self.precision, ("auto", "fp32", "fp16", "bf16", "int8"))
-        _check_choice("vocoder_precision", self.vocoder_precision, ("fp32", "int8"))
+        _check_choice("vocoder_precision", self.vocoder_precision, ("auto", "fp32", "int8"))
         if not (self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device)):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         _check_at_least("threads", self.threads, 0)

@@ -202,6 +202,7 @@ class GraphEngine:
     """
 
     name = "graph"
+    vocoder_precision = "fp32"  # the ``sovits_decode`` graph's (the onnx engine may run the int8 one on a CPU)
 
     def __init__(self, runner: GraphRunner, manifest: dict[str, Any], *, device: str, precision: str, model_id: str,
                  hubert_path: Path | None, bert_path: Path | None, max_batch: int, step_graph: str = "gpt_step",

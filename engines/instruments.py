@@ -28,7 +28,7 @@ _NAMES = {  # name -> the module that defines it, imported on first use
     "load_gpt_checkpoint": "engines.gpt_sovits.checkpoint", "load_sovits_checkpoint": "engines.gpt_sovits.checkpoint",
     "TorchEngine": "engines.torch_engine", "OnnxEngine": "engines.onnx_engine",
     "ensure_onnx": "engines.export", "quantize_step_int8": "engines.export",
-    "quantize_vocoder_int8": "engines.vocoder_int8",
+    "quantize_vocoder_int8": "engines.vocoder_int8", "choose_vocoder": "engines.vocoder_int8",
     "choose_backend": "engines.loader", "resolve_precision": "engines.loader", "resolve_device": "engines.loader",
     "cpu_threads": "engines.runtime", "set_cpu_threads": "engines.runtime",
 }

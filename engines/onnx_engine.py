@@ -25,7 +25,7 @@ from engines.gpt_sovits import cpu_step
 from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.graph_engine import GraphEngine, graph_model
-from engines.vocoder_int8 import quantize_vocoder_int8
+from engines.vocoder_int8 import choose_vocoder
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 __all__ = ["OnnxEngine"]
 
 PRECISIONS = ("fp32", "int8")  # fp16 graphs run through the tensorrt backend
+VOCODER_PRECISIONS = ("auto", "fp32", "int8")  # engine.vocoder_precision
 GPT_PATHS = ("auto", "fused", "graph")  # how the onnx engine runs its GPT, see the module notes
 GPT_GRAPHS = ("gpt_prefill", "gpt_step")
 _NP_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32}
@@ -113,7 +114,7 @@ class OnnxEngine(GraphEngine):
     @classmethod
     def from_files(cls, models: ModelPaths, onnx_dir: str | os.PathLike[str], *, device: str = "cpu",
                    precision: str = "fp32", threads: int = 0, max_batch: int = 8, gpt: str = "auto",
-                   vocoder: str = "fp32") -> OnnxEngine:
+                   vocoder: str = "auto") -> OnnxEngine:
         """Export the graphs once per model pair (under ``onnx_dir``), then open them in ONNX Runtime.
 
         Parameters
@@ -125,16 +126,19 @@ class OnnxEngine(GraphEngine):
         threads: ORT intra-op threads and the fused step's (0: every core this process may use).
         max_batch: rows decoded together.
         gpt: ``"auto"`` (the fused CPU step where it can be built, else the graphs), ``"fused"`` or ``"graph"``.
-        vocoder: ``"fp32"``, or ``"int8"`` (CPU: the residual blocks' convolutions in int8, see
-            :mod:`engines.vocoder_int8`).
+        vocoder: ``"auto"``, ``"fp32"`` or ``"int8"`` (CPU: the residual blocks' convolutions in int8, see
+            :mod:`engines.vocoder_int8`); ``auto`` is int8 with the int8 GPT on a CPU where the int8 vocoder's proof
+            holds on this model, else fp32.
         """
         if precision not in PRECISIONS:
             raise EngineError(f"the onnx engine runs fp32 or int8, not {precision!r}; for fp16 use "
                               "engine.backend: tensorrt (or torch)")
         if precision == "int8" and device != "cpu":
             raise EngineError("int8 is a CPU path of the onnx engine; set engine.device: cpu or another precision")
-        if vocoder not in PRECISIONS or (vocoder == "int8" and device != "cpu"):
-            raise EngineError(f"engine.vocoder_precision is fp32, or int8 on a CPU; got {vocoder!r} on {device}")
+        if vocoder not in VOCODER_PRECISIONS or (vocoder == "int8" and device != "cpu"):
+            raise EngineError(f"engine.vocoder_precision is auto, fp32, or int8 on a CPU; got {vocoder!r} on {device}")
+        if vocoder == "auto" and (device != "cpu" or precision != "int8"):
+            vocoder = "fp32"  # fp32 asks for upstream's exact decode; GPUs run the vocoder in fp32
         ident, sv_path = graph_model(models, onnx_dir)  # v2Pro: its SV model, before any export
         if gpt not in GPT_PATHS:
             raise EngineError(f"gpt must be one of {', '.join(GPT_PATHS)}, got {gpt!r}")
@@ -155,12 +159,13 @@ class OnnxEngine(GraphEngine):
             files[INT8_STEP] = quantize_step_int8(folder)
             del files["gpt_step"]
             step = INT8_STEP
-        if vocoder == "int8":
-            files["sovits_decode"] = quantize_vocoder_int8(folder)
+        files["sovits_decode"], vocoder = choose_vocoder(folder, vocoder)
         runner = _OrtRunner(files, device, threads)
         log.info("onnx engine: %s on %s (GPT: %s, vocoder %s), graphs from %s", precision, device,
                  "fused CPU step" if fused else step, vocoder, folder)
-        return cls(runner, manifest, device=device, precision=precision, model_id=ident,
-                   hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
-                   step_graph=step, gpt=torch_gpt, threads=threads or len(os.sched_getaffinity(0)),
-                   sv_path=sv_path)
+        engine = cls(runner, manifest, device=device, precision=precision, model_id=ident,
+                     hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
+                     step_graph=step, gpt=torch_gpt, threads=threads or len(os.sched_getaffinity(0)),
+                     sv_path=sv_path)
+        engine.vocoder_precision = vocoder
+        return engine

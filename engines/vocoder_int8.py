@@ -1,4 +1,5 @@
-"""An int8 SoVITS vocoder for CPUs (``engine.vocoder_precision: int8``, the onnx engine), made once per model.
+"""An int8 SoVITS vocoder for CPUs (the onnx engine; ``engine.vocoder_precision: auto`` with the int8 GPT), made once
+per model and proven on it.
 
 Why: the HiFi-GAN of a v2 SoVITS does about 42 GFLOP per second of audio (measured with hooks on every convolution at
 the real size: 40.7 in its resblocks and upsamplers, 1.6 elsewhere), so on a 2-core AVX2 CPU that multiplies fp32 at
@@ -11,24 +12,29 @@ Runtime fuses into int8 convolutions: weights symmetric int8 per output channel,
 ranges calibrated (min/max) on synthetic decodes of the model itself (random semantic tokens and phones, a style
 vector from a synthetic harmonic reference, the prior noise at its default scale). The input and output layers,
 upsamplers, text encoder and flow stay fp32: quantising every decoder convolution measured 26 dB SNR against fp32,
-the resblocks alone 32 dB (real-size random weights). That error is why it is not the default: the fp32 vocoder
-stays the default until int8 is measured on trained voices (tests bound it on the golden checkpoints).
+the resblocks alone 32 dB (real-size random weights).
+
+The proof, per model (``engine.vocoder_precision: auto`` picks int8 only with it): once made, the int8 graph and the
+fp32 one decode the same held-out synthetic inputs (other seeds than the calibration's, the same prior noise) and the
+int8 audio must be within :data:`MIN_SNR_DB` of fp32's (signal-to-noise ratio of the difference). The figure is kept
+next to the graph (``sovits_decode.int8.json``); a model that misses it keeps the fp32 vocoder under ``auto``, with a
+log line saying so. Measured: 24.5-24.8 dB on the golden checkpoints, 32 dB at the real size (random weights).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
-
 import numpy as np
 
 from engines.base import EngineError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["INT8_VOCODER", "quantize_vocoder_int8", "QUANTISED_BLOCKS"]
+__all__ = ["INT8_VOCODER", "MIN_SNR_DB", "QUANTISED_BLOCKS", "choose_vocoder", "quantize_vocoder_int8",
+           "vocoder_int8_snr_db"]
 
 INT8_VOCODER = "sovits_decode.int8"  # graph file written next to sovits_decode.onnx
 QUANTISED_BLOCKS = "/resblocks"  # Conv nodes whose name contains this are quantised (the decoder's residual blocks)
@@ -36,6 +42,11 @@ CALIBRATION_DECODES = 4  # synthetic decodes the activation ranges are measured 
 CALIBRATION_TOKENS = 40  # semantic tokens per calibration decode (1.6 s of audio)
 NOISE_SCALE = 0.5  # the prior noise scale of the calibration decodes (the API's default)
 SEED = 0
+CHECK_DECODES = 2  # held-out synthetic decodes the proof compares int8 with fp32 on
+CHECK_SEED = 1
+MIN_SNR_DB = 20.0  # int8 audio against fp32's on the check decodes (golden 24.5-24.8 dB, real size 32 dB)
+PROOF_FILE = f"{INT8_VOCODER}.json"  # the measured SNR, next to the graph
+PROOF_SCHEMA = 1
 
 
 def quantize_vocoder_int8(folder: str | os.PathLike[str]) -> Path:
@@ -54,7 +65,7 @@ def quantize_vocoder_int8(folder: str | os.PathLike[str]) -> Path:
     convs = [n.name for n in model.graph.node if n.op_type == "Conv" and QUANTISED_BLOCKS in n.name]
     if not convs:
         raise EngineError(f"{src} has no decoder residual-block convolutions to quantise; export it again")
-    feeds = _calibration_feeds(folder, model)
+    feeds = _synthetic_feeds(folder, {i.name for i in model.graph.input}, CALIBRATION_DECODES, SEED)
 
     class _Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -77,8 +88,61 @@ def quantize_vocoder_int8(folder: str | os.PathLike[str]) -> Path:
     return out
 
 
-def _calibration_feeds(folder: Path, model: Any) -> list[dict[str, np.ndarray]]:
-    """Inputs of ``sovits_decode`` for the calibration decodes (see the module notes)."""
+def vocoder_int8_snr_db(folder: str | os.PathLike[str]) -> float:
+    """The int8 vocoder's SNR against fp32 in dB on the held-out check decodes (see the module notes): measured once
+    after :func:`quantize_vocoder_int8` (a few seconds at the real size) and kept in ``sovits_decode.int8.json``."""
+    folder = Path(folder)
+    graph, proof = folder / f"{INT8_VOCODER}.onnx", folder / PROOF_FILE
+    try:
+        record = json.loads(proof.read_text())
+        if record.get("schema") == PROOF_SCHEMA and record.get("graph_mtime_ns") == graph.stat().st_mtime_ns:
+            return float(record["snr_db"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent, unreadable or about another graph: measure again
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sessions = [ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+                for path in (folder / "sovits_decode.onnx", graph)]
+    names = {i.name for i in sessions[0].get_inputs()}
+    signal = error = 0.0
+    for feed in _synthetic_feeds(folder, names, CHECK_DECODES, CHECK_SEED):
+        ref, out = (np.asarray(s.run(None, feed)[0], np.float64) for s in sessions)
+        signal += float(np.sum(ref ** 2))
+        error += float(np.sum((out - ref) ** 2))
+    snr = float(10 * np.log10(signal / max(error, 1e-30)))
+    tmp = proof.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"schema": PROOF_SCHEMA, "snr_db": snr, "min_snr_db": MIN_SNR_DB,
+                               "decodes": CHECK_DECODES, "graph_mtime_ns": graph.stat().st_mtime_ns}))
+    os.replace(tmp, proof)
+    return snr
+
+
+def choose_vocoder(folder: str | os.PathLike[str], vocoder: str) -> tuple[Path, str]:
+    """The ``sovits_decode`` graph to run for ``engine.vocoder_precision`` (``auto``, ``fp32`` or ``int8``) and the
+    precision it has: ``auto`` is int8 when its proof holds on this model, else fp32 (logged); ``int8`` is int8
+    whatever the proof says (a miss is logged)."""
+    folder = Path(folder)
+    if vocoder == "fp32":
+        return folder / "sovits_decode.onnx", "fp32"
+    path = quantize_vocoder_int8(folder)
+    snr = vocoder_int8_snr_db(folder)
+    if snr >= MIN_SNR_DB:
+        log.info("int8 vocoder: %.1f dB SNR against fp32 on this model (bound %.0f dB)", snr, MIN_SNR_DB)
+        return path, "int8"
+    if vocoder == "auto":
+        log.warning("the int8 vocoder is %.1f dB from fp32 on this model (needs %.0f dB): the fp32 vocoder runs "
+                    "(engine.vocoder_precision: auto)", snr, MIN_SNR_DB)
+        return folder / "sovits_decode.onnx", "fp32"
+    log.warning("the int8 vocoder is %.1f dB from fp32 on this model (auto would need %.0f dB); running it as "
+                "engine.vocoder_precision: int8 asks", snr, MIN_SNR_DB)
+    return path, "int8"
+
+
+def _synthetic_feeds(folder: Path, names: set[str], count: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Inputs of ``sovits_decode`` (whose inputs are ``names``) for ``count`` synthetic decodes (see the module
+    notes): the calibration's, or with another seed the proof's."""
     import onnxruntime as ort
 
     from engines.export import load_manifest
@@ -87,12 +151,15 @@ def _calibration_feeds(folder: Path, model: Any) -> list[dict[str, np.ndarray]]:
     manifest = load_manifest(folder)
     vocab, symbols = int(manifest["gpt"]["vocab"]) - 1, int(manifest["sovits"]["n_symbols"])
     channels = int(manifest["sovits"]["inter_channels"])
-    rng = np.random.default_rng(SEED)
+    rng = np.random.default_rng(seed)
+    feed_names = {"codes", "text", "ge", "noise"}
+    if feed_names != names:
+        raise EngineError(f"sovits_decode takes {sorted(names)}, the int8 vocoder feeds {sorted(feed_names)}")
     style = ort.InferenceSession(str(folder / "ref_style.onnx"), providers=["CPUExecutionProvider"])
     feeds: list[dict[str, np.ndarray]] = []
-    for i in range(CALIBRATION_DECODES):
+    for i in range(count):
         t = np.arange(32000 * 3) / 32000  # 3 s of a harmonic "voice" at 100-250 Hz with a slow vibrato
-        f0 = 100 + 50 * i + 5 * np.sin(2 * np.pi * 5 * t)
+        f0 = 100 + 50 * i + 20 * seed + 5 * np.sin(2 * np.pi * 5 * t)
         wav = sum((np.sin(2 * np.pi * np.cumsum(f0 * h) / 32000) / h for h in range(1, 12)),
                   np.zeros_like(t)).astype(np.float32) * 0.1  # (a start of zeros, not 0: the sum is an array)
         spec = reference_spec_input(wav).numpy()
@@ -104,9 +171,5 @@ def _calibration_feeds(folder: Path, model: Any) -> list[dict[str, np.ndarray]]:
         text = rng.integers(1, symbols, (1, 30 + 10 * i)).astype(np.int64)
         codes = rng.integers(0, vocab, (1, 1, CALIBRATION_TOKENS)).astype(np.int64)
         noise = (rng.standard_normal((1, channels, 2 * CALIBRATION_TOKENS)) * NOISE_SCALE).astype(np.float32)
-        names = {i.name for i in model.graph.input}
-        feed = {"codes": codes, "text": text, "ge": ge, "noise": noise}
-        if set(feed) != names:
-            raise EngineError(f"sovits_decode takes {sorted(names)}, the int8 calibration feeds {sorted(feed)}")
-        feeds.append(feed)
+        feeds.append({"codes": codes, "text": text, "ge": ge, "noise": noise})
     return feeds

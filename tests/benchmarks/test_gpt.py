@@ -20,7 +20,7 @@ def _measured(x: float | None) -> bool:
 @pytest.mark.timeout(1200)  # a hang guard, not a verdict: a dozen fresh processes each load torch and ONNX Runtime
 def test_bench_tiny_every_engine_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
-    rc = main(["bench", "--sizes", "tiny", "--engines", "naive,torch,int8,onnx,voc8,pipeline,accuracy", "--batches",
+    rc = main(["bench", "--sizes", "tiny", "--engines", "naive,torch,int8,onnx,voc32,pipeline,accuracy", "--batches",
                "1,2", "--steps", "12", "--json", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
@@ -34,7 +34,7 @@ def test_bench_tiny_every_engine_table_and_json(tmp_path: Path, capsys: pytest.C
     decode = {(r["engine"], r["precision"], r["batch"]): r for r in rows if r["engine"] != "pipeline"}
     assert set(decode) == {("naive", "fp32", 1)} | {
         (e, p, b) for e, p in (("torch", "fp32"), ("torch", "int8"), ("onnx", "fp32"), ("onnx", "int8"),
-                               ("onnx-v8", "int8"))
+                               ("onnx-v32", "int8"))
         for b in (1, 2)}
     # how fast is the benchmark's to say, not this test's: a row holds a measurement (a positive, finite number)
     # where one was taken and None where none is, latency only at the smallest batch
@@ -51,13 +51,23 @@ def test_bench_tiny_every_engine_table_and_json(tmp_path: Path, capsys: pytest.C
     assert decode[("torch", "int8", 1)]["floor_ms"] < decode[("torch", "fp32", 1)]["floor_ms"]  # fewer bytes
     auto = (meta["auto"]["backend"], meta["auto"]["precision"])
     assert {k for k, r in decode.items() if r["default"]} == {(*auto, b) for b in (1, 2)}
+    # the vocoder that ran: fp32 with the fp32 GPT and on the voc32 row; with the int8 GPT on the onnx engine, what
+    # the int8 vocoder's proof decides on this model (the same in every process of the run)
+    assert decode[("onnx", "fp32", 1)]["vocoder"] == "fp32" and decode[("onnx-v32", "int8", 1)]["vocoder"] == "fp32"
+    auto_vocoder = decode[("onnx", "int8", 1)]["vocoder"]
+    assert auto_vocoder in ("fp32", "int8") and decode[("onnx", "int8", 2)]["vocoder"] == auto_vocoder
     cases = ("cold", "prosody-hit", "audio-hit")
-    pipeline = {(r["precision"], r["case"]): r for r in rows if r["engine"] == "pipeline" and r["vocoder"] == "fp32"}
+    piped = [r for r in rows if r["engine"] == "pipeline"]
+    assert len(piped) == 3 * len(cases)  # fp32, int8 (vocoder auto), and voc32's int8 with the fp32 vocoder
+    pipeline = {(r["precision"], r["case"]): r for r in piped[:6]}
     assert set(pipeline) == {(p, c) for p in ("fp32", "int8") for c in cases}
-    if auto[0] == "onnx":  # the int8 vocoder is an onnx-engine option: its pipeline rows come with voc8
-        voc8 = {r["case"]: r for r in rows if r["engine"] == "pipeline" and r["vocoder"] == "int8"}
-        assert set(voc8) == set(cases) and not any(r["default"] for r in voc8.values())
-        assert voc8["cold"]["audio_s"] > 1.0 and all(_measured(r["ttfa_s"]) for r in voc8.values())
+    assert all(pipeline[("fp32", c)]["vocoder"] == "fp32" for c in cases)
+    if auto[0] == "onnx":
+        assert all(pipeline[("int8", c)]["vocoder"] == auto_vocoder for c in cases)
+    voc32 = {r["case"]: r for r in piped[6:]}
+    assert set(voc32) == set(cases) and not any(r["default"] for r in voc32.values())
+    assert all(r["precision"] == "int8" and r["vocoder"] == "fp32" for r in voc32.values())
+    assert voc32["cold"]["audio_s"] > 1.0 and all(_measured(r["ttfa_s"]) for r in voc32.values())
     assert {r["backend"] for r in pipeline.values()} == {auto[0]}  # the pipeline runs what auto picks
     assert {k for k, r in pipeline.items() if r["default"]} == {(auto[1], c) for c in ("cold", "prosody-hit",
                                                                                         "audio-hit")}
@@ -88,14 +98,17 @@ def test_bench_families_reports_the_v2pro_vocoders_beside_v2(tmp_path: Path,
     doc = json.loads(out.read_text())
     assert doc["rows"] == [] and doc["accuracy"] == []  # families alone times the vocoders only
     vocoders = {(v["engine"], v["precision"], v["family"]): v for v in doc["families"]}
-    assert set(vocoders) == {(e, "fp32", f) for e in ("torch", "onnx") for f in ("v2", "v2Pro", "v2ProPlus")}
+    assert set(vocoders) == {(e, p, f) for e, p in (("torch", "fp32"), ("onnx", "fp32"), ("onnx", "int8"))
+                             for f in ("v2", "v2Pro", "v2ProPlus")}
+    assert all(v["vocoder"] == "fp32" for (e, p, _), v in vocoders.items() if p == "fp32")
+    assert {v["vocoder"] for (e, p, _), v in vocoders.items() if p == "int8"} <= {"fp32", "int8"}
     for key, v in vocoders.items():
         assert v["size"] == "tiny" and v["device"] == "cpu" and v["contend"] == 0, key
         assert _measured(v["vocoder_rtf"]), key
     table = capsys.readouterr().out
     assert "SoVITS vocoder RTF by family" in table
     line = next(ln for ln in table.splitlines() if ln.startswith("onnx ") and " tiny " in ln)
-    assert len(line.split()) == 4 + 3 + 1 and "-" not in line.split()  # the three families measured side by side
+    assert len(line.split()) == 5 + 3 + 1 and "-" not in line.split()  # the three families measured side by side
 
 
 def test_contention_processes_run_for_the_block_only() -> None:

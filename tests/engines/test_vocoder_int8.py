@@ -18,8 +18,7 @@ from tests.golden import Golden
 
 pytestmark = pytest.mark.timeout(300)
 
-MIN_SNR_DB = 20.0  # int8 against fp32 on the golden decodes (measured 24.5-24.8 dB; the real size with random
-# weights: 32 dB)
+from engines.vocoder_int8 import MIN_SNR_DB  # int8 against fp32 (golden decodes 24.5-24.8 dB; real size 32 dB)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +86,35 @@ def test_int8_vocoder_is_a_cpu_onnx_option(models, export_dir: Path, tmp_path: P
     with pytest.raises(EngineError, match="vocoder_precision"):
         OnnxEngine.from_files(models, export_dir, device="cpu", vocoder="int4")
     cfg = EngineConfig(backend="torch", device="cpu", precision="fp32", vocoder_precision="int8", threads=1)
-    with pytest.raises(EngineError, match="runs on the onnx engine on a CPU"):
+    with pytest.raises(EngineError, match="runs on the onnx engine on a CPU.*auto or fp32"):
         load_engine(cfg, models)
     with pytest.raises(ValueError, match="vocoder_precision"):
         EngineConfig(vocoder_precision="fp16")
+
+
+def test_auto_picks_the_int8_vocoder_only_where_its_proof_holds(models, export_dir: Path, monkeypatch) -> None:
+    import json
+
+    from engines import vocoder_int8
+    from engines.onnx_engine import OnnxEngine
+
+    folder = ensure_onnx(models, export_dir)
+    snr = vocoder_int8.vocoder_int8_snr_db(folder)  # held-out decodes, measured once and kept beside the graph
+    assert snr >= vocoder_int8.MIN_SNR_DB  # the golden SoVITS passes (24.5-24.8 dB on its own decodes)
+    proof = folder / vocoder_int8.PROOF_FILE
+    assert json.loads(proof.read_text())["snr_db"] == pytest.approx(snr)
+    assert vocoder_int8.choose_vocoder(folder, "auto") == (folder / "sovits_decode.int8.onnx", "int8")
+    assert vocoder_int8.choose_vocoder(folder, "fp32") == (folder / "sovits_decode.onnx", "fp32")
+    int8 = OnnxEngine.from_files(models, export_dir, device="cpu", precision="int8", threads=1, max_batch=1)
+    assert int8.vocoder_precision == "int8"  # auto with the int8 GPT on a CPU
+    fp32 = OnnxEngine.from_files(models, export_dir, device="cpu", precision="fp32", threads=1, max_batch=1)
+    assert fp32.vocoder_precision == "fp32"  # fp32 asks for upstream's exact decode: the vocoder too
+
+    # a model whose int8 audio misses the bound keeps the fp32 vocoder under auto; int8 asked outright still runs
+    monkeypatch.setattr(vocoder_int8, "MIN_SNR_DB", snr + 1.0)
+    assert vocoder_int8.choose_vocoder(folder, "auto") == (folder / "sovits_decode.onnx", "fp32")
+    assert vocoder_int8.choose_vocoder(folder, "int8")[1] == "int8"
+    # a graph made anew is measured anew: the kept figure names the graph it was measured on
+    record = json.loads(proof.read_text())
+    proof.write_text(json.dumps({**record, "graph_mtime_ns": record["graph_mtime_ns"] - 1, "snr_db": 99.0}))
+    assert vocoder_int8.vocoder_int8_snr_db(folder) == pytest.approx(snr)
