@@ -46,6 +46,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
                         help="how many real-time speech streams this machine holds at once")
     sp.add_argument("--streams", default=None, help="stream counts to try, like 1,2,4,8 (the default)")
     sp.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    sp.add_argument("--pace", type=int, default=0,
+                    help="end each sentence after this many semantic tokens per phone (random-weight models with "
+                         "their EOS zeroed; 2 is a natural pace; 0: off)")
     sp.set_defaults(run=_runner("benchmarks.streams", "run_streams_bench"))
 
     sp = sub.add_parser("bench-http", parents=[common], help="time to first byte of every HTTP protocol")

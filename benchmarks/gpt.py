@@ -3,7 +3,10 @@
 Every engine is measured in the same run, at the real v2 sizes (seeded random weights: the speed of the maths does
 not depend on the values) and at the tiny test sizes, next to a naive baseline: the eager PyTorch loop that grows
 its KV cache with ``torch.cat`` and syncs every token, as upstream does. The random GPT's EOS row is zeroed so that
-decoding runs for exactly the requested number of steps (``early_stop_num``).
+decoding runs for exactly the requested number of steps (``early_stop_num``); in the pipeline rows each sentence
+then ends after :data:`TOKENS_PER_PHONE` tokens per target phone, a natural speaking pace (with EOS kept, the random
+GPT stopped each clause at random, after 0.4-1 s of audio, or ran to the 60 s cap when its EOS row was scaled down:
+neither is the work a trained model does).
 
 The figures say where they came from: the CPU model and its ISA flags, the runtimes' versions and the kernels they
 dispatched to, and the memory read bandwidth measured here, from which each GPT row gets its ratio to the floor of
@@ -38,6 +41,7 @@ TOKENS_10_WORDS = 75  # semantic tokens (3 s of audio) a 10-word sentence takes 
 TEXT_SENTENCES = 4  # whole-text RTF: this many such sentences
 PROMPT_TOKENS = 150  # a 5.4 s reference (HuBERT 25 Hz + the 0.6 s pad)
 PROMPT_PHONES = 40
+TOKENS_PER_PHONE = 2  # pipeline rows: semantic tokens per target phone (English: ~12.5 phones and 25 tokens a second)
 TTFA_REPEATS = 3
 VOCODER_TOKENS = 150  # vocoder RTF: 6 s of audio (25 tokens per second)
 VOC32 = "onnx-v32"  # row label: the onnx engine, int8 GPT with the fp32 vocoder (what auto's int8 vocoder replaced)
@@ -361,7 +365,7 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
     auto = auto_choice(device)
     with tempfile.TemporaryDirectory(prefix=f"voicebot-bench-{size}-") as tmp:
         paths = write_model_set(Path(tmp), size=size, seed=0)
-        no_eos = paths["gpt"].with_name("bench-no-eos.ckpt")  # decode-speed runs; the pipeline keeps EOS
+        no_eos = paths["gpt"].with_name("bench-no-eos.ckpt")  # every run stops at its early_stop_num
         shutil.copyfile(paths["gpt"], no_eos)
         instruments.zero_eos_in_file(no_eos)
         gin = int(instruments.load_sovits_checkpoint(paths["sovits"]).config["model"]["gin_channels"])
@@ -401,8 +405,8 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
                 if "voc32" in engines and device == "cpu" and backend == "onnx":
                     runs.append(("int8", "fp32"))
                 for precision, vocoder in runs:
-                    made = _isolated(_pipeline_in_process, backend, models, tmp, size, device, threads, precision,
-                                     vocoder)
+                    made = _isolated(_pipeline_in_process, backend, decode_models, tmp, size, device, threads,
+                                     precision, vocoder)
                     for p in made:  # what auto picks: the auto backend and precision, and the auto vocoder
                         p.default = (p.backend, p.precision) == auto and vocoder == "auto"
                     pipeline_rows.extend(made)
@@ -584,6 +588,7 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
         "cache": {"dir": str(tmp / f"cache-{precision}-{vocoder}")},
     })
     synth = build_synthesizer(cfg)
+    natural_pace(synth.engine, TOKENS_PER_PHONE)
     rows = []
     try:
         await synth.warm_up()
@@ -608,10 +613,33 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
     return rows
 
 
+def natural_pace(engine: Any, tokens_per_phone: int) -> None:
+    """Make ``engine``'s GPT runs (a random GPT with its EOS row zeroed) end after ``tokens_per_phone`` tokens per
+    target phone, as a trained GPT ends a sentence spoken at that pace (:data:`TOKENS_PER_PHONE`: a natural one)."""
+    import dataclasses
+
+    open_batch = engine.open_batch
+
+    def paced_open_batch(*args: Any, **kwargs: Any) -> Any:
+        batch = open_batch(*args, **kwargs)
+        add = batch.add
+
+        def paced_add(request_id: Any, request: Any, *more: Any, **named: Any) -> Any:
+            stop = tokens_per_phone * int(len(request.phones))
+            request = dataclasses.replace(request, params=dataclasses.replace(request.params, early_stop_num=stop))
+            return add(request_id, request, *more, **named)
+
+        batch.add = paced_add
+        return batch
+
+    engine.open_batch = paced_open_batch
+
+
 def format_pipeline_table(rows: list[PipelineRow]) -> str:
     head = f"{'backend':7} {'prec':5} {'voc':5} {'size':5} {'case':12} {'ttfa s':>8} {'RTF':>7} {'audio s':>8} " \
            f"{'contend':>7}"
-    lines = [f"Synthesizer.stream, 3 sentences ({len(PIPELINE_TEXT.split())} words); * = what auto picks here:",
+    lines = [f"Synthesizer.stream, 3 sentences ({len(PIPELINE_TEXT.split())} words, {TOKENS_PER_PHONE} semantic tokens "
+             f"per phone); * = what auto picks here:",
              head, "-" * len(head)]
     lines += [f"{r.backend:7} {r.precision:5} {r.vocoder:5} {r.size:5} {r.case:12} {r.ttfa_s:8.3f} {r.rtf:7.3f} {r.audio_s:8.2f} "
               f"{r.contend:7d}{' *' if r.default else ''}" for r in rows]

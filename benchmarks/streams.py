@@ -8,6 +8,10 @@ chunk, and every later chunk must arrive before the audio ahead of it has finish
 a gap (an underrun: more than one 20 ms frame late). Per N: time to first audio (median and worst), the streams that
 underran, the worst lateness, and the audio seconds produced per wall-clock second. The largest N without an
 underrun is how many voice channels (or HTTP streams) the machine serves at once in real time.
+
+With random weights (the real-size set ``python -m bot bench`` writes), give ``--pace 2`` and a GPT whose EOS row is
+zeroed: every sentence then lasts as long as speech at a natural pace (2 semantic tokens per phone), where a random
+GPT with its EOS stops each clause at random after 0.4-1 s; a trained model needs no pace.
 """
 
 from __future__ import annotations
@@ -111,13 +115,17 @@ async def _measure(synth: Synthesizer, voice: Voice, params: SynthesisParams, n:
     return row
 
 
-async def _bench(config: Any, counts: list[int]) -> tuple[list[StreamsRow], dict[str, Any]]:
+async def _bench(config: Any, counts: list[int], pace: int = 0) -> tuple[list[StreamsRow], dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="voicebot-bench-streams-") as tmp:
         config = bench_config(config, Path(tmp))
         # the bench measures the engine, not the configured queue bound
         config = dataclasses.replace(config, synthesis=dataclasses.replace(
             config.synthesis, queue_size=max(config.synthesis.queue_size, 2 * max(counts))))
         synth = build_synthesizer(config)
+        if pace:
+            from benchmarks.gpt import natural_pace
+
+            natural_pace(synth.engine, pace)
         voice: Voice | None = None
         try:
             await synth.warm_up()
@@ -129,7 +137,8 @@ async def _bench(config: Any, counts: list[int]) -> tuple[list[StreamsRow], dict
                 pass  # untimed: first-use costs of kernels and caches
             rows = [await _measure(synth, voice, params, n, k + 1) for k, n in enumerate(counts)]
             meta = {"engine": synth.engine_name, "device": synth.device, "precision": synth.precision,
-                    "gpt": str(config.models.gpt), "sentences_per_stream": SENTENCES_PER_STREAM}
+                    "gpt": str(config.models.gpt), "sentences_per_stream": SENTENCES_PER_STREAM,
+                    "vocoder": getattr(synth.engine, "vocoder_precision", "fp32"), "pace": pace}
             return rows, meta
         finally:
             if voice is not None:
@@ -160,10 +169,14 @@ def parse_counts(text: str) -> list[int]:
 def run_streams_bench(config: Any, args: argparse.Namespace) -> int:
     """Measure (see the module docstring), print the table, optionally write ``{"meta", "rows"}`` JSON."""
     counts = parse_counts(getattr(args, "streams", None) or DEFAULT_STREAMS)
-    rows, meta = asyncio.run(_bench(config, counts))
+    pace = int(getattr(args, "pace", 0) or 0)
+    if pace < 0:
+        raise SpeechError(f"--pace takes semantic tokens per phone (0: off), got {pace}")
+    rows, meta = asyncio.run(_bench(config, counts, pace))
     held = [r.streams for r in rows if r.underruns == 0]
-    print(f"engine {meta['engine']} on {meta['device']} ({meta['precision']}), GPT {meta['gpt']}; "
-          f"{SENTENCES_PER_STREAM} sentences per stream, cold caches")
+    print(f"engine {meta['engine']} on {meta['device']} ({meta['precision']}, {meta['vocoder']} vocoder), GPT "
+          f"{meta['gpt']}; {SENTENCES_PER_STREAM} sentences per stream, cold caches"
+          + (f", {pace} semantic tokens per phone" if pace else ""))
     print(format_table(rows))
     print(f"held in real time: {max(held)} streams at once" if held else "no stream count held without a gap")
     path = getattr(args, "json", None)

@@ -576,6 +576,24 @@ int vb_decode_layers(const int64_t *params, int layers, int dim, int heads, int 
     return 0;
 }
 
+/* y [B, out] = x [B, in] @ W^T (* scale) + bias: one linear through the step's products, for a caller outside the
+ * step (the prefill's last row, which must round as the decode steps do). w: [out, in] fp32, or int8 with a
+ * per-output-channel scale; bias may be NULL. Returns 0, or -1 for arguments out of range or no memory. */
+int vb_linear(const void *w, const float *scale, const float *bias, int out, int in, int wkind, int B,
+              const float *x, float *y) {
+    if (B < 1 || B > VB_MAX_ROWS || out < 1 || in < 1 || (wkind == W_INT8 && !scale)) return -1;
+    int16_t *xq = wkind == W_INT8 ? malloc((size_t)B * in * sizeof(int16_t)) : NULL;
+    if (wkind == W_INT8 && !xq) return -1;
+    float xscale[VB_MAX_ROWS];
+    tl_team = g_team.threads > 1 && !atomic_flag_test_and_set(&g_team.busy);
+    gemv_job j = {w, scale, bias, out, in, 0, x, NULL, NULL, y};
+    gemv(&j, B, wkind, xq, xscale);
+    if (tl_team) atomic_flag_clear(&g_team.busy);
+    tl_team = 0;
+    free(xq);
+    return 0;
+}
+
 /* -------------------------------------------------------------------------------------------------- sampling */
 
 /* The 32-bit avalanche hash of sampling.py's _mix (xorshift-multiply; arithmetic mod 2^32). */

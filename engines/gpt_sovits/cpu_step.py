@@ -31,7 +31,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FusedStep", "Sampler", "build_library", "kernel_dir", "load_library", "set_threads", "unavailable_reason"]
+__all__ = ["FusedStep", "Sampler", "build_library", "linear", "kernel_dir", "load_library", "set_threads", "unavailable_reason"]
 
 SOURCE = Path(__file__).with_name("cpu_step.c")
 MAX_ROWS = 16  # rows one call decodes (VB_MAX_ROWS in the C source)
@@ -90,6 +90,8 @@ def build_library(cc: str, cflags: tuple[str, ...] = CFLAGS, directory: Path | N
     lib.vb_decode_layers.argtypes = [ctypes.c_void_p, *[ctypes.c_int] * 7, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_void_p,
                                      ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    lib.vb_linear.restype = ctypes.c_int
+    lib.vb_linear.argtypes = [*[ctypes.c_void_p] * 3, *[ctypes.c_int] * 4, ctypes.c_void_p, ctypes.c_void_p]
     lib.vb_set_threads.restype = ctypes.c_int
     lib.vb_set_threads.argtypes = [ctypes.c_int]
     lib.vb_stalls.restype = ctypes.c_long
@@ -140,6 +142,27 @@ LayerParams = tuple[
     list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]],  # the four linears' (weight, scale or None, bias)
     list[tuple[torch.Tensor, torch.Tensor]],  # the two norms' (weight, bias)
 ]
+
+
+def linear(lib: ctypes.CDLL, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+           x: torch.Tensor) -> torch.Tensor:
+    """``x [B, in] @ weight.T (* scale) + bias`` as the fused step computes its products (``weight [out, in]`` int8
+    with a per-channel fp32 ``scale``, or fp32 with ``None``), ``B <= MAX_ROWS``; returns ``[B, out]`` fp32."""
+    int8 = weight.dtype == torch.int8
+    if weight.device.type != "cpu" or not weight.is_contiguous() or (int8 and scale is None) or \
+            (not int8 and weight.dtype != torch.float32):
+        raise ValueError(f"linear takes contiguous CPU int8 (with a scale) or fp32 weights, got {weight.dtype}")
+    x = x.to(torch.float32).contiguous()
+    b, out = int(x.shape[0]), int(weight.shape[0])
+    y = torch.empty(b, out, dtype=torch.float32)
+    scale = None if scale is None else scale.to(torch.float32).contiguous()
+    bias = None if bias is None else bias.to(torch.float32).contiguous()
+    rc = lib.vb_linear(weight.data_ptr(), 0 if scale is None else scale.data_ptr(),
+                       0 if bias is None else bias.data_ptr(), out, int(weight.shape[1]), int(int8), b, x.data_ptr(),
+                       y.data_ptr())
+    if rc:
+        raise ValueError(f"linear refused its arguments (rows {b}, weight {tuple(weight.shape)}, x {tuple(x.shape)})")
+    return y
 
 
 class FusedStep:

@@ -127,3 +127,37 @@ def test_contention_processes_run_for_the_block_only() -> None:
     for bad in ("", "x", "-1"):
         with pytest.raises(SpeechError, match="--contend takes counts of busy processes"):
             parse_contend(bad)
+
+
+def test_natural_pace_ends_each_gpt_run_after_its_tokens_per_phone() -> None:
+    """The pipeline rows' random GPT (EOS zeroed) stops each sentence at a natural pace: N tokens per target phone."""
+    import numpy as np
+
+    from benchmarks.gpt import natural_pace
+    from engines import SamplingParams, SemanticRequest, VoicePrompt
+
+    class Batch:
+        def __init__(self) -> None:
+            self.added: list[SemanticRequest] = []
+
+        def add(self, request_id: int, request: SemanticRequest) -> None:
+            self.added.append(request)
+
+    class Engine:
+        def __init__(self) -> None:
+            self.batches: list[Batch] = []
+
+        def open_batch(self, on_chunk: object = None) -> Batch:
+            self.batches.append(Batch())
+            return self.batches[-1]
+
+    engine = Engine()
+    natural_pace(engine, 2)
+    voice = VoicePrompt(prompt_tokens=np.zeros(7, np.int64), ge=np.zeros((512, 1), np.float32),
+                        prompt_phones=np.ones(5, np.int64), prompt_bert=np.zeros((1024, 5), np.float32))
+    batch = engine.open_batch(on_chunk=None)
+    for n in (3, 11):
+        batch.add(n, SemanticRequest(np.ones(n, np.int64), np.zeros((1024, n), np.float32), voice,
+                                     SamplingParams(top_k=5, seed=n)))
+    assert [r.params.early_stop_num for r in engine.batches[0].added] == [6, 22]
+    assert [r.params.top_k for r in engine.batches[0].added] == [5, 5]  # nothing else changes

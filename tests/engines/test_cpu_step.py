@@ -205,3 +205,26 @@ def test_decoder_tokens_are_the_same_with_the_torch_sampler(gpt: Text2SemanticMo
     assert all(len(a) > 10 for a in with_c)
     for a, b in zip(with_c, with_torch):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_one_linear_through_the_step_products(rows: int) -> None:
+    """cpu_step.linear (the int8 prefill's last row): the product of the dequantised weights, within the rounding of
+    the activations to 15 bits (int8), exactly fp32's sums (fp32); bad arguments are refused."""
+    lib = cpu_step.load_library()
+    if lib is None:
+        pytest.skip(f"fused step unavailable: {cpu_step.unavailable_reason()}")
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 64, generator=g)
+    bias, x = torch.randn(96, generator=g), torch.randn(rows, 64, generator=g)
+    torch.testing.assert_close(cpu_step.linear(lib, w, None, bias, x), x @ w.T + bias, rtol=1e-5, atol=1e-5)
+    scale = w.abs().amax(1) / 127
+    q = torch.round(w / scale[:, None]).to(torch.int8)
+    ref = x @ (q.float() * scale[:, None]).T + bias
+    got = cpu_step.linear(lib, q, scale, bias, x)
+    assert got.shape == (rows, 96) and float((got - ref).abs().max()) < 1e-3 * float(ref.abs().max())
+    assert float((cpu_step.linear(lib, q, scale, None, x) - (ref - bias)).abs().max()) < 1e-3 * float(ref.abs().max())
+    with pytest.raises(ValueError, match="int8 \\(with a scale\\)"):
+        cpu_step.linear(lib, q, None, bias, x)
+    with pytest.raises(ValueError, match="refused"):
+        cpu_step.linear(lib, w, None, bias, torch.randn(cpu_step.MAX_ROWS + 1, 64))
