@@ -128,6 +128,22 @@ async def test_first_words_play_before_the_first_sentence_is_decoded(synth, voic
     assert np.array_equal(cached[0].audio, whole)
 
 
+async def test_first_words_come_early_only_while_no_other_request_speaks(synth, voice):
+    """Alone, a first sentence's first words come early; beside another request they come with the rest of their
+    sentence (beside another stream the rest could not follow them in time), the same samples one chunk later."""
+    synth.limits = dataclasses.replace(synth.limits, first_chunk_tokens=12)
+    texts = ["This first sentence is long enough to need many semantic tokens from the model.",
+             "Another request speaks a sentence that is just as long, with many tokens of its own."]
+    alone = [await collect(synth, t, voice) for t in texts]
+    assert all(chunks[0].timings.get("partial") == 1.0 for chunks in alone)
+    synth.cache.invalidate_voice(voice.id)
+    together = await asyncio.gather(*(collect(synth, t, voice) for t in texts))
+    assert all(c.timings.get("partial") is None for chunks in together for c in chunks)
+    for a, b in zip(alone, together):
+        assert len(b) == len(a) - 1  # the early words and the rest of their sentence: one chunk
+        assert np.array_equal(np.concatenate([c.audio for c in a]), np.concatenate([c.audio for c in b]))
+
+
 @pytest.fixture
 async def fresh_synth(tiny_config):
     """A second synthesizer over the same voices with empty caches of its own."""
