@@ -34,11 +34,13 @@ idempotent, so an interrupted import finishes at the next open, and it needs no 
 
 Several processes (the bot, the CLI, Ray replicas on one machine) may open the same root: SQLite's own locking
 orders the writers (``busy_timeout``), and nothing is cached in memory but each voice's prompt arrays, keyed on the
-row's version as read by every call, so another process's change is seen at once. Network filesystems: SQLite
-advises against them. WAL needs shared memory that only the processes of one machine share, and NFS/SMB locks are
-often unreliable, so the database can break or diverge there. Keep the voice root on a local disk; replicas on
-several machines should share one machine's voice service (or each keep a root of its own), not an NFS folder.
-The store warns at open when the root is on a network filesystem.
+row's version as read by every call, so another process's change is seen at once.
+
+Network filesystems: SQLite advises against them. WAL keeps its index in shared memory, which only the processes of
+one machine share, and NFS/SMB locks are often unreliable, so a database there can be corrupted or diverge. Keep
+the voice root on a local disk and every process that opens it on that machine; replicas on several machines need
+the voices served from one of them (not built yet, see issue 18), not an NFS mount. The store logs a warning at
+open when the root is on a network filesystem.
 """
 
 from __future__ import annotations
