@@ -383,6 +383,9 @@ class VoiceStore:
         (read from disk only for a version not seen yet)."""
         where, args = ("", ()) if owner_id is None else (" WHERE owner_id = ?", (int(owner_id),))
         rows = self._db().execute(f"{_SELECT}{where} ORDER BY name_key, id", args).fetchall()
+        if owner_id is None:  # forget the arrays of voices deleted elsewhere
+            for gone in self._loaded.keys() - {str(r[0]) for r in rows}:
+                self._loaded.pop(gone, None)
         voices: list[Voice] = []
         for row in rows:
             try:
