@@ -321,16 +321,18 @@ class VoiceStore:
         """
         meta = self.meta(voice_id)
         live = self.root / voice_id
+        names: list[str] = []
+        size, trash = 0, None
         with self._writing():
-            try:
-                names = sorted(p.name for p in live.iterdir())
-                size = sum((live / n).stat().st_size for n in names)
-                trash = self.root / f"{TRASH_PREFIX}{voice_id}-{uuid.uuid4().hex}"
-                os.rename(live, trash)  # invisible at once; the row, the entries and the bytes go next
-                _fsync_dir(self.root)
-            except FileNotFoundError:  # a delete by another process, or one a crash interrupted: finish it
-                names, size, trash = [], 0, None
-            with self._transaction() as db:
+            with self._transaction() as db:  # (a replace of the voice by another process runs before or after)
+                try:
+                    names = sorted(p.name for p in live.iterdir())
+                    size = sum((live / n).stat().st_size for n in names)
+                    trash = self.root / f"{TRASH_PREFIX}{voice_id}-{uuid.uuid4().hex}"
+                    os.rename(live, trash)  # invisible at once; the row, the entries and the bytes go next
+                    _fsync_dir(self.root)
+                except FileNotFoundError:  # a delete a crash interrupted (or another process's): finish it
+                    names, size, trash = [], 0, None
                 db.execute("DELETE FROM voices WHERE id = ?", (voice_id,))
             self._checkpoint()
             self._loaded.pop(voice_id, None)
@@ -389,8 +391,8 @@ class VoiceStore:
         voices: list[Voice] = []
         for row in rows:
             try:
-                voices.append(self._voice(_meta_of(row)))
-            except VoiceNotFound:  # deleted meanwhile
+                voices.append(self._voice(_meta_of(row), wait=False))
+            except VoiceNotFound:  # being deleted or replaced right now: a list never waits
                 continue
         return voices
 
@@ -401,26 +403,27 @@ class VoiceStore:
         the store's to answer for: True.)"""
         return not _ID_RE.fullmatch(voice_id) or (self.root / voice_id).is_dir()
 
-    def _voice(self, meta: dict[str, Any]) -> Voice:
-        """The voice of a row, its prompt arrays from memory when this version's are there."""
+    def _voice(self, meta: dict[str, Any], *, wait: bool = True) -> Voice:
+        """The voice of a row, its prompt arrays from memory when this version's are there. While another process
+        replaces it, wait for its commit (``wait=False``: VoiceNotFound at once, as for a voice being deleted)."""
         voice_id, version = str(meta["id"]), int(meta["version"])
         folder = self.root / voice_id
-        deadline = time.monotonic() + REPLACE_WAIT_S
+        deadline = time.monotonic() + (REPLACE_WAIT_S if wait else 0.0)
         while True:
             try:
                 inode = folder.stat().st_ino
-            except FileNotFoundError:
-                raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids") from None
-            hit = self._loaded.get(voice_id)
-            if hit is not None and hit[0] == (version, inode):
-                return hit[1]
-            try:
+                hit = self._loaded.get(voice_id)
+                if hit is not None and hit[0] == (version, inode):
+                    return hit[1]
                 prompt, stamp = _read_prompt(folder / PROMPT_FILE)
-            except FileNotFoundError:
-                raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids") from None
-            if stamp is None or stamp == version:
-                break
-            # another process swapped the folder in and is about to commit its row (or died doing so): wait
+                if stamp is None or stamp == version:
+                    break
+            except FileNotFoundError:  # deleted, or between the two renames of another process's replace
+                if not wait or not any(self.root.glob(f"{OLD_PREFIX}{voice_id}-*")):
+                    raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids") from None
+            # another process is replacing the voice (or died doing so, until the next start-up): wait for it
+            if not wait:
+                raise VoiceNotFound(f"voice {voice_id!r} is being changed right now")
             if time.monotonic() > deadline:
                 raise VoiceError(f"voice {meta['name']!r} is being changed right now; try again in a moment")
             time.sleep(0.01)

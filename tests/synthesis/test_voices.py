@@ -511,3 +511,31 @@ def test_a_database_of_a_newer_program_is_refused_with_the_fix(tmp_path: Path) -
     conn.close()
     with pytest.raises(VoiceError, match="schema version 99, newer than this program .*upgrade voicebot"):
         VoiceStore(tmp_path)
+
+
+def test_a_read_during_another_processes_replace_waits_for_its_commit(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    root = tmp_path / "voices"
+    store = VoiceStore(root)
+    v = create(store)
+    other = VoiceStore(root)  # another process's store (its own connections)
+    swapped, go = threading.Event(), threading.Event()
+    real_rename = os.rename
+
+    def paused(src, dst):  # type: ignore[no-untyped-def]
+        real_rename(src, dst)
+        if voices_mod.OLD_PREFIX in str(dst):  # the live folder is out, the new one not in yet
+            swapped.set()
+            go.wait(10)
+
+    monkeypatch.setattr(voices_mod.os, "rename", paused)
+    writer = threading.Thread(target=other.replace, args=(v.id, make_prompt(4)), kwargs={"prompt_text": "Two."})
+    writer.start()
+    assert swapped.wait(10)
+    threading.Timer(0.2, go.set).start()
+    got = store.get(v.id)  # neither "no such voice" nor the new arrays under the old row: the new version
+    writer.join(10)
+    assert (got.version, got.prompt_text) == (2, "Two.")
+    np.testing.assert_array_equal(got.prompt.prompt_tokens, make_prompt(4).prompt_tokens)
