@@ -317,21 +317,27 @@ class VoiceStore:
         The folder is renamed out of sight first: from then on the voice is gone for every process, and a cache
         bound to this store (in any process) takes back an entry of it written later. Then its row goes, then its
         cache entries, then its bytes. A crash after the rename is finished by start-up; before it, the voice is
-        whole. The database is checkpointed, so the row's bytes (consent included) do not linger in its WAL.
+        whole. The database is checkpointed, so the row's bytes (consent included) do not linger in its WAL. A folder
+        without a row (a create a crash cut short, not yet reconciled) is deleted the same way.
         """
-        meta = self.meta(voice_id)
-        live = self.root / voice_id
+        live = self._folder(voice_id)
         names: list[str] = []
         size, trash = 0, None
         with self._writing():
-            with self._transaction() as db:  # (a replace of the voice by another process runs before or after)
+            # the write transaction: a replace of the voice by another process runs wholly before or after, and no
+            # create is between its rename and its commit, so a folder without a row is nobody's voice
+            with self._transaction() as db:
+                row = db.execute(f"{_SELECT} WHERE id = ?", (voice_id,)).fetchone()
+                if row is None and not live.exists():
+                    raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids")
+                meta: dict[str, Any] = _meta_of(row) if row is not None else {"name": "", "owner_id": 0}
                 try:
                     names = sorted(p.name for p in live.iterdir())
                     size = sum((live / n).stat().st_size for n in names)
                     trash = self.root / f"{TRASH_PREFIX}{voice_id}-{uuid.uuid4().hex}"
                     os.rename(live, trash)  # invisible at once; the row, the entries and the bytes go next
                     _fsync_dir(self.root)
-                except FileNotFoundError:  # a delete a crash interrupted (or another process's): finish it
+                except FileNotFoundError:  # a delete a crash interrupted: finish it
                     names, size, trash = [], 0, None
                 db.execute("DELETE FROM voices WHERE id = ?", (voice_id,))
             self._checkpoint()

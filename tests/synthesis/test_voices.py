@@ -539,3 +539,20 @@ def test_a_read_during_another_processes_replace_waits_for_its_commit(tmp_path: 
     writer.join(10)
     assert (got.version, got.prompt_text) == (2, "Two.")
     np.testing.assert_array_equal(got.prompt.prompt_tokens, make_prompt(4).prompt_tokens)
+
+
+def test_a_folder_without_its_row_is_deleted_by_a_delete_too(tmp_path: Path) -> None:
+    """A create cut short between its rename and its commit, while another process kept start-up from reconciling:
+    deleting the id (the bot's journal undoing that create) removes the folder and its cache entries."""
+    cache = SynthesisCache(tmp_path / "cache", 1 << 20, 1 << 20)
+    store = VoiceStore(tmp_path / "voices", cache=cache)
+    v = create(store)
+    with store._transaction() as db:
+        db.execute("DELETE FROM voices WHERE id = ?", (v.id,))
+    cache.put_tokens(cache.prosody_key("model-a", v.id, 1, "hi", "en", SAMPLING), np.arange(5), v.id)
+    removed = store.delete(v.id)
+    assert (removed.name, removed.files, removed.cache_entries) == ("", ["clip.flac", "prompt.npz"], 1)
+    assert files_under(tmp_path / "voices") == []
+    with pytest.raises(VoiceNotFound, match="no voice with id"):
+        store.delete(v.id)
+    cache.close()
