@@ -425,10 +425,12 @@ async def _delete_voice(config: Any, voices: Any, voice_id: str) -> int:
 def _phrases_precompute(config: Any, args: argparse.Namespace) -> int:
     async def go() -> int:
         from bot.services import build_synthesizer
+        from bot.voice_service import VoiceService
 
         synth = build_synthesizer(config)
         try:
-            voices = [synth.voices.find(args.voice)] if args.voice else synth.voices.list()
+            service = VoiceService(None, synth)  # reads only: no database in this command
+            voices = [await service.find(args.voice)] if args.voice else await service.list()
             if not voices:
                 print("no voices to precompute for")
             for voice in voices:

@@ -52,7 +52,7 @@ async def run_bot_and_api(config: Config, token: str) -> None:
     services = Services(config, synthesizer, store)
     assert services.voices is not None
     await services.voices.recover()  # finish or undo a voice creation or deletion a crash interrupted
-    services.speech = SpeechService(synthesizer, store, config)
+    services.speech = SpeechService(synthesizer, store, config, voices=services.voices)
     if config.chat.enabled:
         from bot.chat import ChatClient
 

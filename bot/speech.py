@@ -19,7 +19,6 @@ message sound as if that person said it. Bots are read in the voice ``bot_voices
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from synthesis import BusyError, SpeechError, SynthesisParams, Voice
 from bot.config import Config
 from bot.speaker import ErrorCallback, GuildSpeaker, NotInVoice, SpeechItem
 from bot.store import JournalEntry, Store
+from bot.voice_service import VoiceService
 from bot.textrules import (
     MessageContext,
     TextRules,
@@ -73,7 +73,7 @@ class SpeechService:
     Parameters
     ----------
     synthesizer:
-        The pipeline (``stream``, ``voices``).
+        The pipeline (``stream``).
     store:
         The bot's database.
     config:
@@ -81,13 +81,18 @@ class SpeechService:
     on_error:
         ``on_error(guild_id, message)``, sync or async: failures of queued speech, for the guild's text channel.
         May be set later (the cog sets it once it knows where to write).
+    voices:
+        The voice service every voice is read through (the process's one, from ``Services``); one over
+        ``store`` and ``synthesizer`` when not given.
     """
 
     def __init__(
-        self, synthesizer: Any, store: Store, config: Config, *, on_error: ErrorCallback | None = None
+        self, synthesizer: Any, store: Store, config: Config, *, on_error: ErrorCallback | None = None,
+        voices: VoiceService | None = None,
     ) -> None:
         self.synthesizer = synthesizer
         self.store = store
+        self.voices = voices if voices is not None else VoiceService(store, synthesizer)
         self.config = config
         self.on_error = on_error
         self._speakers: dict[int, GuildSpeaker] = {}
@@ -343,15 +348,15 @@ class SpeechService:
         )
 
     async def _get_voice(self, voice_id: str) -> Voice | None:
-        """A voice by id, or None when it no longer exists (read off the event loop)."""
+        """A voice by id, or None when it no longer exists (the voice service reads it off the event loop)."""
         try:
-            return await asyncio.to_thread(self.synthesizer.voices.get, voice_id)
+            return await self.voices.get(voice_id)
         except (SpeechError, KeyError, FileNotFoundError):
             return None
 
     async def _list_voices(self, owner_id: int) -> list[Voice]:
-        """A user's voices (owner 0: the operator's), read off the event loop."""
-        return await asyncio.to_thread(self.synthesizer.voices.list, owner_id)
+        """A user's voices (owner 0: the operator's), through the voice service (off the event loop)."""
+        return await self.voices.list(owner_id)
 
     # --- settings -> options ----------------------------------------------------------------------------------------
 

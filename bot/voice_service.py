@@ -1,20 +1,20 @@
 """One owner for a voice's life: create, share, delete, forget-me, across the voice files and the bot's database.
 
-A voice lives in two places: its folder in the synthesis layer's voice store (clip, encodings, and the consent given
-for it, in its ``meta.json``) and the rows of the bot's SQLite store that name it (server voices, shares, users'
-choices). Each operation here is a short, fixed sequence of steps, journalled so that a crash between any two of them
-leaves no half-voice: :meth:`VoiceService.recover`, run at start-up, finishes every journalled deletion and undoes
-every creation that did not commit.
+A voice lives in two places: the synthesis layer's voice store (its row in the voice database, with the consent
+given for it, and its folder: clip and encodings) and the rows of the bot's SQLite store that name it (server voices,
+shares, users' choices). Each operation here is a short, fixed sequence of steps, journalled so that a crash between
+any two of them leaves no half-voice: :meth:`VoiceService.recover`, run at start-up, finishes every journalled
+deletion and undoes every creation that did not commit.
 
-* create: journal ``create`` -> the voice folder (written atomically, consent inside) -> one transaction: its rows,
-  the journal entry gone -> the phrase precompute (background; only cache entries). Undone at start-up before the
-  commit: the folder (if it got that far) and its cache entries are deleted.
+* create: journal ``create`` -> the voice (its folder and its row, committed together; the consent in the row) ->
+  one transaction: its rows, the journal entry gone -> the phrase precompute (background; only cache entries).
+  Undone at start-up before the commit: the voice (if it got that far) and its cache entries are deleted.
 * delete / forget-me: one transaction: journal ``delete`` + remove every row naming the voices (and, for
-  forget-me, every row of the user) -> stop its precomputes, retire it in the cache, delete its folder -> drop the
-  journal entry. Finished at start-up from any step.
+  forget-me, every row of the user) -> stop its precomputes, delete it from the voice store (folder, row, cache
+  entries) -> drop the journal entry. Finished at start-up from any step.
 
-Reads (``list``, ``usable``) run off the event loop; the voice store keeps its metadata cached until its folder
-changes, so autocomplete does not re-read every ``meta.json``.
+Reads (``list``, ``usable``) run off the event loop; listing is one query of the voice database, and each voice's
+prompt arrays stay in memory per version, so autocomplete reads no file.
 """
 
 from __future__ import annotations

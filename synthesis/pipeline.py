@@ -263,39 +263,9 @@ class Synthesizer:
         audio = np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, np.float32)
         return audio, chunks
 
-    async def _sentences(self, text: str | AsyncIterator[str], p: SynthesisParams) -> AsyncIterator[str]:
-        """Sentences as soon as they are certainly complete."""
-        if isinstance(text, str):
-            if len(text) > self.limits.max_text_chars:
-                raise SpeechError(f"the text is {len(text)} characters long; the limit is "
-                                  f"{self.limits.max_text_chars}: send it in parts")
-            for s in split_sentences(text, p.split_method, p.language):
-                yield s
-            return
-        splitter = SentenceStream(p.split_method, p.language, self.limits.stream_max_chars)
-        pieces = aiter(text)
-        next_piece: asyncio.Task[str] | None = None
-        try:
-            while True:
-                next_piece = asyncio.ensure_future(anext(pieces))
-                done, _ = await asyncio.wait({next_piece}, timeout=self.limits.stream_pause_s)
-                if not done:  # the writer paused: speak what we have, keep waiting
-                    for s in splitter.flush():
-                        yield s
-                    await asyncio.wait({next_piece})
-                try:
-                    piece = next_piece.result()
-                except StopAsyncIteration:
-                    next_piece = None
-                    break
-                next_piece = None
-                for s in splitter.feed(piece):
-                    yield s
-            for s in splitter.flush():
-                yield s
-        finally:
-            if next_piece is not None and not next_piece.done():
-                next_piece.cancel()
+    def _sentences(self, text: str | AsyncIterator[str], p: SynthesisParams) -> AsyncIterator[str]:
+        """Sentences as soon as they are certainly complete (:func:`stream_sentences`)."""
+        return stream_sentences(text, p, self.limits)
 
     async def _resolve_voice(self, voice: Voice | str) -> Voice:
         """A voice given by id or name, read from the store off the event loop (the store reads files and SQLite)."""
@@ -344,6 +314,47 @@ class Synthesizer:
         await self.voicing.stop_precompute()
         await asyncio.to_thread(self.worker.close)
         self.cache.close()
+
+
+async def stream_sentences(text: str | AsyncIterator[str], p: SynthesisParams, limits: Limits) -> AsyncIterator[str]:
+    """The sentences of ``stream``'s text argument, each as soon as it is certainly complete: the argument handling
+    of :meth:`Synthesizer.stream`, one body for the local pipeline and the remote client (``synthesis.remote``).
+
+    A string is checked against ``limits.max_text_chars`` and split at once; streamed pieces go through a
+    :class:`~synthesis.text.SentenceStream`, which emits a sentence at its end, at ``limits.stream_max_chars``
+    pending, or when the writer pauses for ``limits.stream_pause_s``.
+    """
+    if isinstance(text, str):
+        if len(text) > limits.max_text_chars:
+            raise SpeechError(f"the text is {len(text)} characters long; the limit is "
+                              f"{limits.max_text_chars}: send it in parts")
+        for s in split_sentences(text, p.split_method, p.language):
+            yield s
+        return
+    splitter = SentenceStream(p.split_method, p.language, limits.stream_max_chars)
+    pieces = aiter(text)
+    next_piece: asyncio.Task[str] | None = None
+    try:
+        while True:
+            next_piece = asyncio.ensure_future(anext(pieces))
+            done, _ = await asyncio.wait({next_piece}, timeout=limits.stream_pause_s)
+            if not done:  # the writer paused: speak what we have, keep waiting
+                for s in splitter.flush():
+                    yield s
+                await asyncio.wait({next_piece})
+            try:
+                piece = next_piece.result()
+            except StopAsyncIteration:
+                next_piece = None
+                break
+            next_piece = None
+            for s in splitter.feed(piece):
+                yield s
+        for s in splitter.flush():
+            yield s
+    finally:
+        if next_piece is not None and not next_piece.done():
+            next_piece.cancel()
 
 
 async def _enumerate(items: AsyncIterator[str]) -> AsyncIterator[tuple[int, str]]:

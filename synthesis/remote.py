@@ -46,9 +46,10 @@ import numpy as np
 from engines import EngineError, SpeechError
 from synthesis.cache import SynthesisCache
 from synthesis.cluster import ClusterOptions
-from synthesis.text import SentenceStream
+from synthesis.pipeline import stream_sentences
 from synthesis.types import AudioChunk, BusyError, Limits, SynthesisParams, Voice
-from synthesis.voices import Removed, VoiceStore, check_name
+from synthesis.voices import Removed, VoiceStore
+from synthesis.voicing import VoiceOrder, create_voice
 
 if TYPE_CHECKING:
     from synthesis.pipeline import Synthesizer
@@ -62,10 +63,6 @@ FORGET_S = 300.0  # a state file older than this is removed (a replica that died
 LOOKAHEAD = 2  # streamed text: sentences requested ahead of the one being yielded
 INSTALL_HINT = "Ray Serve is not installed: pip install 'voicebot[cluster]' (or set synthesis.backend: local)"
 Progress = Callable[[str, float], None]
-
-
-def _no_progress(stage: str, fraction: float) -> None:
-    """A :data:`Progress` that reports nowhere."""
 
 
 # ---- the replica ---------------------------------------------------------------------------------------------------
@@ -115,10 +112,9 @@ class SynthesisReplica:
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
 
-    async def create_voice(self, name: str, data: bytes, filename: str,
-                           options: dict[str, Any]) -> tuple[Voice, list[str], str]:
+    async def create_voice(self, order: VoiceOrder, data: bytes, filename: str) -> tuple[Voice, list[str], str]:
         """Encode and store a voice (in the shared voice folder): (voice, warnings, this replica)."""
-        voice, warnings = await self.synth.voicing.create(name, data, filename, **options)
+        voice, warnings = await self.synth.voicing.make(order, data, filename)
         return voice, warnings, self.replica
 
     async def precompute(self, voice_id: str, phrases: list[str], params: SynthesisParams | None) -> int:
@@ -375,7 +371,7 @@ class RemoteSynthesizer:
         async def produce() -> None:
             try:
                 index = 0
-                async for sentence in _sentences(pieces, p, self.limits):
+                async for sentence in stream_sentences(pieces, p, self.limits):
                     out: asyncio.Queue[AudioChunk | BaseException | None] = asyncio.Queue()
                     tasks.append(asyncio.create_task(fetch(sentence, index, out)))
                     await ahead.put(out)
@@ -489,21 +485,15 @@ class RemoteVoicing:
         self.last_replica = ""  # the replica that encoded the last voice created here (tests, logs)
         self._precomputing: dict[asyncio.Task[int], str] = {}
 
-    async def create(self, name: str, data: bytes, filename: str = "", *, consent: Mapping[str, Any],
-                     owner_id: int = 0, transcript: str | None = None, language: str = "auto",
-                     enrollment_prompt: str | None = None, progress: Progress | None = None,
-                     phrases: Sequence[str] = (), voice_id: str | None = None) -> tuple[Voice, list[str]]:
-        """As ``Voicing.create``: encoded on a replica, stored in the shared voice folder."""
-        report: Progress = progress or _no_progress
-        check_name(name)
-        report("encoding", 0.0)
-        options = {"consent": dict(consent), "owner_id": owner_id, "transcript": transcript, "language": language,
-                   "enrollment_prompt": enrollment_prompt, "voice_id": voice_id}
-        voice, warnings, replica = await self.synth.call("create_voice", name, data, filename, options)
+    create = create_voice  # the argument handling, one body with the local ``Voicing.create``
+
+    async def make(self, order: VoiceOrder, data: bytes, filename: str,
+                   progress: Progress) -> tuple[Voice, list[str]]:
+        """Encode and store a checked order on a replica (stored in the shared voice folder)."""
+        progress("encoding", 0.0)
+        voice, warnings, replica = await self.synth.call("create_voice", order, data, filename)
         self.last_replica = replica
-        report("done", 1.0)
-        if phrases:
-            self.precompute(voice, phrases)
+        progress("done", 1.0)
         return voice, list(warnings)
 
     def precompute(self, voice: Voice, phrases: Sequence[str], progress: Progress | None = None,
@@ -539,35 +529,6 @@ class RemoteVoicing:
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------------
-
-
-async def _sentences(text: AsyncIterator[str], p: SynthesisParams, limits: Limits) -> AsyncIterator[str]:
-    """Sentences of streamed text as soon as they are certainly complete (the local pipeline's rule: a sentence
-    end, ``stream_max_chars`` pending, or a pause of ``stream_pause_s``)."""
-    splitter = SentenceStream(p.split_method, p.language, limits.stream_max_chars)
-    pieces = aiter(text)
-    next_piece: asyncio.Future[str] | None = None
-    try:
-        while True:
-            next_piece = asyncio.ensure_future(anext(pieces))
-            done, _ = await asyncio.wait({next_piece}, timeout=limits.stream_pause_s)
-            if not done:
-                for s in splitter.flush():
-                    yield s
-                await asyncio.wait({next_piece})
-            try:
-                piece = next_piece.result()
-            except StopAsyncIteration:
-                next_piece = None
-                break
-            next_piece = None
-            for s in splitter.feed(piece):
-                yield s
-        for s in splitter.flush():
-            yield s
-    finally:
-        if next_piece is not None and not next_piece.done():
-            next_piece.cancel()
 
 
 class _Admitted:

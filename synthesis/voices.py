@@ -1,18 +1,46 @@
-"""The voice store: one folder per voice, written atomically, loaded without any model work.
+"""The voice store: each voice's metadata as a row of one SQLite database, its artefacts in one folder per voice.
 
-Layout: ``root/<id>/clip.flac`` (the 32 kHz reference), ``prompt.npz`` (prompt_tokens, ge, prompt_phones,
-prompt_bert, and sv_emb for a v2Pro/v2ProPlus voice) and ``meta.json`` (identity, owner, version, transcript, model
-identity, consent). A voice is built in ``root/.tmp-<uuid>/``, every file and the folder fsynced, then renamed into
-place, so a crash at any point leaves either the whole voice or nothing visible. A replacement swaps folders through
-``root/.old-<id>-<uuid>/``; start-up restores an interrupted swap and removes stale temporary folders. Those are only
-ever a dead process's: every write holds a shared ``flock`` on the root folder while its temporary folders exist, and
-start-up recovery runs only when it gets the exclusive lock at once (another process writing a voice, the bot beside
-a CLI command, leaves its folders alone; the next start removes what is left). A delete
-first renames the folder to ``root/.trash-<id>-<uuid>/`` (the voice is gone for every process: the cache, bound to
-the store, refuses and takes back its writes), then retires the voice in the cache (its entries go) and removes the
-folder; start-up removes a leftover trash folder and the cache entries of its voice. The model work (HuBERT, VQ, ge,
-phones, BERT) is the caller's: it passes the finished
+Layout: ``root/voices.sqlite3`` (WAL) holds one row per voice: identity, owner, name, version, language, transcript,
+enrollment prompt, model identity, timestamps, consent and reference info; it is the source of truth, so listing
+voices (autocomplete) is one query. ``root/<id>/`` holds the artefacts: ``clip.flac`` (the 32 kHz reference) and
+``prompt.npz`` (prompt_tokens, ge, prompt_phones, prompt_bert, sv_emb for a v2Pro/v2ProPlus voice, and the version
+of the row it belongs to). The model work (HuBERT, VQ, ge, phones, BERT) is the caller's: it passes the finished
 :class:`~engines.base.VoicePrompt` in.
+
+Steps, and what a crash (the process killed) between any two of them leaves once the next start-up reconciled:
+
+* create: the folder is built in ``root/.tmp-<uuid>/`` (every file and the folder fsynced) -> one transaction:
+  the row inserted, the folder renamed into place, commit. Before the commit: nothing (the temporary folder is
+  removed; a folder in place without its row goes to trash). After it: the whole voice.
+* replace: one transaction: the new folder built under a temporary name, the live one renamed to
+  ``root/.old-<id>-<uuid>/``, the new one into place, the row's version raised, commit; then the old folder goes.
+  Before the commit the previous version comes back (the folder in place carries the new version, the row the old
+  one); after it the new version stays.
+* delete: the folder renamed to ``root/.trash-<id>-<uuid>/`` (the voice is gone for every process: the cache, bound
+  to the store, refuses and takes back its writes) -> the row deleted -> the voice retired in the cache (its entries
+  go) -> the folder removed. A crash before the rename leaves the voice whole; after it, start-up finishes the
+  delete (the row, the cache entries, the folder).
+
+Start-up reconciles only what a dead process left: every write holds a shared ``flock`` on the root folder for
+its whole sequence, and reconciliation runs only when it gets the exclusive lock at once (another process writing a
+voice, the bot beside a CLI command, keeps its folders; the next start sees to what is left). It restores or drops
+swapped-out folders, removes temporary and trash folders (a trash folder's voice's cache entries too), deletes a
+row whose folder is missing or incomplete (no ``prompt.npz``: a voice without its clip still speaks, and says how to
+fix it when it must be re-encoded), and sends a folder without a committed row to trash.
+
+Voices stored before the database (a ``meta.json`` in each folder) are imported at every open: a folder with a
+``meta.json`` and no row gets its row (``INSERT OR IGNORE``, committed), then its ``meta.json`` is removed. That is
+idempotent, so an interrupted import finishes at the next open, and it needs no exclusive lock.
+
+Several processes (the bot, the CLI, Ray replicas on one machine) may open the same root: SQLite's own locking
+orders the writers (``busy_timeout``), and nothing is cached in memory but each voice's prompt arrays, keyed on the
+row's version as read by every call, so another process's change is seen at once.
+
+Network filesystems: SQLite advises against them. WAL keeps its index in shared memory, which only the processes of
+one machine share, and NFS/SMB locks are often unreliable, so a database there can be corrupted or diverge. Keep
+the voice root on a local disk and every process that opens it on that machine; replicas on several machines need
+the voices served from one of them (not built yet, see issue 18), not an NFS mount. The store logs a warning at
+open when the root is on a network filesystem.
 """
 
 from __future__ import annotations
@@ -23,6 +51,7 @@ import logging
 import os
 import re
 import shutil
+import sqlite3
 import threading
 import time
 import uuid
@@ -42,16 +71,45 @@ from synthesis.types import LANGUAGES, Voice, VoiceNotFound
 
 log = logging.getLogger(__name__)
 
+DB_FILE = "voices.sqlite3"  # the voices' metadata, in the voice root
 CLIP_FILE = "clip.flac"  # 32 kHz mono reference, 24-bit FLAC
 PROMPT_FILE = "prompt.npz"
-META_FILE = "meta.json"
-META_SCHEMA = 1  # meta.json layout version
+SPEAKS_WITH = PROMPT_FILE  # without it a voice cannot speak: its row goes (without the clip it still speaks)
+META_FILE = "meta.json"  # the metadata of a voice stored before the database (imported at open, then removed)
 TMP_PREFIX = ".tmp-"  # a voice being written
 OLD_PREFIX = ".old-"  # the previous version during a replace (".old-<id>-<uuid>")
 TRASH_PREFIX = ".trash-"  # a voice being deleted (".trash-<id>-<uuid>")
 NAME_RE = re.compile(r"[\w -]{1,32}")  # letters, digits, underscore, space, hyphen; 1-32 characters
 _ID_RE = re.compile(r"[0-9a-f]{32}")
-MTIME_SLACK_NS = 50_000_000  # a folder changed less than this long ago may change again unseen (coarse mtimes)
+BUSY_TIMEOUT_MS = 30_000  # how long a write waits for another process's write transaction
+REPLACE_WAIT_S = 2.0  # how long a read waits for another process's replace to commit
+NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "9p", "fuse.sshfs", "afs")
+SCHEMA_VERSION = 1  # PRAGMA user_version of the database
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS voices (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    name_key TEXT NOT NULL,  -- the name casefolded: names are unique per owner, case-insensitively
+    owner_id INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    language TEXT NOT NULL,
+    prompt_text TEXT NOT NULL,
+    enrollment_prompt TEXT,
+    model_id TEXT NOT NULL,
+    created TEXT NOT NULL,
+    updated TEXT NOT NULL,
+    consent TEXT NOT NULL,  -- JSON: user_id, text, at (ISO UTC), and the front-end's extras
+    reference TEXT NOT NULL  -- JSON: duration_s, start_s, end_s, warnings
+);
+CREATE INDEX IF NOT EXISTS voices_owner ON voices (owner_id, name_key);
+CREATE INDEX IF NOT EXISTS voices_name ON voices (name_key);
+"""
+_COLUMNS = ("id", "name", "owner_id", "version", "language", "prompt_text", "enrollment_prompt", "model_id",
+            "created", "updated", "consent", "reference")
+_WRITE_COLUMNS = (*_COLUMNS, "name_key")
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM voices"
+_INSERT = f"INSERT INTO voices ({', '.join(_WRITE_COLUMNS)}) VALUES ({', '.join('?' * len(_WRITE_COLUMNS))})"
+_UPDATE = f"UPDATE voices SET {', '.join(f'{c} = ?' for c in _WRITE_COLUMNS[1:])} WHERE id = ?"
 
 
 class VoiceError(SpeechError):
@@ -87,27 +145,49 @@ class Removed:
 
 
 class VoiceStore:
-    """Voices on disk, one folder each; see the module docstring for the layout and the atomicity rules.
+    """Voices: rows of one SQLite database plus one folder each; see the module docstring for the steps and the
+    crash rules.
 
     Parameters
     ----------
-    root: the voices folder (created if missing).
+    root: the voices folder (created if missing); the database is ``root/voices.sqlite3``.
     cache: the synthesis cache whose entries are removed when a voice changes or is deleted.
     """
 
     def __init__(self, root: Path, *, cache: SynthesisCache | None = None) -> None:
         self.root = Path(root)
         self.cache = cache
-        self._lock = threading.RLock()  # name uniqueness check + rename are one step
-        self._loaded: dict[str, tuple[tuple[int, int], Voice]] = {}  # id -> (folder stat key, voice)
-        # every meta.json, read again only when the root folder changed (a voice created, replaced or deleted,
-        # by this process or another: each is a rename in the root, which moves its mtime)
-        self._metas_at: int | None = None
-        self._metas_cache: list[dict[str, Any]] = []
+        self.db_path = self.root / DB_FILE
+        self._local = threading.local()  # this thread's connection (sqlite3 connections are not shared)
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+        self._loaded: dict[str, tuple[tuple[int, int], Voice]] = {}  # id -> ((version, folder inode), voice)
         self.root.mkdir(parents=True, exist_ok=True)
+        fs = _network_filesystem(self.root)
+        if fs is not None:
+            log.warning("the voice folder %s is on a network filesystem (%s): SQLite's database there can break "
+                        "when several machines use it; keep voices.dir on a local disk (see synthesis.voices)",
+                        self.root, fs)
+        with self._transaction() as db:
+            found = int(db.execute("PRAGMA user_version").fetchone()[0])
+            if found > SCHEMA_VERSION:
+                raise VoiceError(f"the voice database {self.db_path} is at schema version {found}, newer than this "
+                                 f"program ({SCHEMA_VERSION}): upgrade voicebot or point voices.dir elsewhere")
+            for statement in _SCHEMA.split(";"):  # (executescript would commit the transaction)
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         if cache is not None:
             cache.bind_voices(self._exists)
         self._recover()
+
+    def close(self) -> None:
+        """Close this store's database connections (every thread's); a later call opens them again."""
+        with self._connections_lock:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()
+        self._local = threading.local()
 
     # --- writing ------------------------------------------------------------------------------------------------
 
@@ -148,33 +228,30 @@ class VoiceStore:
             raise VoiceError(f"a voice id is 32 lowercase hex digits, got {voice_id!r}")
         consent_record = _consent_dict(consent)
         _check_language(language)
-        with self._lock:
-            if self._find_meta(name, owner_id) is not None:
-                raise VoiceError(f"you already have a voice named {name!r}; pick another name or replace that voice")
-            if voice_id is None:
-                voice_id = uuid.uuid4().hex
-            elif (self.root / voice_id).exists():
-                raise VoiceError(f"a voice with id {voice_id} exists already")
-            now = _now()
-            meta = {
-                "schema": META_SCHEMA,
-                "id": voice_id,
-                "name": name,
-                "owner_id": int(owner_id),
-                "version": 1,
-                "language": language,
-                "prompt_text": prompt_text,
-                "enrollment_prompt": enrollment_prompt,
-                "model_id": model_id,
-                "created": now,
-                "updated": now,
-                "consent": consent_record,
-                "reference": _reference_dict(reference),
-            }
-            with self._writing():
-                tmp = self._build(meta, prompt, reference.wav32k)
-                os.rename(tmp, self.root / voice_id)
-                _fsync_dir(self.root)
+        self._check_free(self._db(), name, owner_id, voice_id)  # refused before the files are written
+        voice_id = voice_id or uuid.uuid4().hex
+        now = _now()
+        meta: dict[str, Any] = {
+            "id": voice_id, "name": name, "owner_id": int(owner_id), "version": 1, "language": language,
+            "prompt_text": prompt_text, "enrollment_prompt": enrollment_prompt, "model_id": model_id,
+            "created": now, "updated": now, "consent": consent_record, "reference": _reference_dict(reference),
+        }
+        live = self.root / voice_id
+        with self._writing():
+            tmp = self._build(prompt, reference.wav32k, version=1)
+            placed = False
+            try:
+                with self._transaction() as db:
+                    self._check_free(db, name, owner_id, voice_id)  # again, under the write lock of every process
+                    db.execute(_INSERT, _row_values(meta))
+                    os.rename(tmp, live)  # in place, but a voice only once the row commits
+                    placed = True
+                    _fsync_dir(self.root)
+            except BaseException:
+                if placed:  # the row did not commit: the folder is not a voice
+                    self._discard(live)
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         log.info("voice %s (%r, owner %s) created", voice_id, name, owner_id)
         return self.get(voice_id)
 
@@ -193,58 +270,84 @@ class VoiceStore:
         """Store a new version of a voice (new clip and/or transcript, or a re-encode by a new model).
 
         Fields left as None keep their stored value (``reference=None`` keeps the clip). The version goes up by
-        one and every cache entry of the voice is removed.
+        one and every cache entry of the voice is removed. Replaces of one voice by several processes happen one
+        after the other (each reads the version the previous one wrote).
         """
-        with self._lock:
-            old_meta = self.meta(voice_id)
-            meta = dict(old_meta)
-            meta.update(version=int(old_meta["version"]) + 1, updated=_now())
-            for key, value in (("language", language), ("prompt_text", prompt_text), ("model_id", model_id),
-                               ("enrollment_prompt", enrollment_prompt)):
-                if value is not None:
-                    meta[key] = value
-            if consent is not None:
-                meta["consent"] = _consent_dict(consent)
-            if reference is not None:
-                meta["reference"] = _reference_dict(reference)
-            _check_language(meta["language"])
-            clip = reference.wav32k if reference is not None else self.load_clip(voice_id)
-            with self._writing():
-                tmp = self._build(meta, prompt, clip)
-                live = self.root / voice_id
-                old = self.root / f"{OLD_PREFIX}{voice_id}-{uuid.uuid4().hex}"
-                os.rename(live, old)  # from here until the next rename, start-up recovery restores `old`
-                os.rename(tmp, live)
-                _fsync_dir(self.root)
-                shutil.rmtree(old, ignore_errors=True)
-            self._loaded.pop(voice_id, None)
+        if language is not None:
+            _check_language(language)
+        consent_record = _consent_dict(consent) if consent is not None else None
+        clip = reference.wav32k if reference is not None else None
+        live = self.root / voice_id
+        old = self.root / f"{OLD_PREFIX}{voice_id}-{uuid.uuid4().hex}"
+        tmp: Path | None = None
+        with self._writing():
+            try:
+                with self._transaction() as db:
+                    meta = self._meta_in(db, voice_id)
+                    meta.update(version=int(meta["version"]) + 1, updated=_now())
+                    for key, value in (("language", language), ("prompt_text", prompt_text), ("model_id", model_id),
+                                       ("enrollment_prompt", enrollment_prompt), ("consent", consent_record)):
+                        if value is not None:
+                            meta[key] = value
+                    if reference is not None:
+                        meta["reference"] = _reference_dict(reference)
+                    tmp = self._build(prompt, clip if clip is not None else self.load_clip(voice_id),
+                                      version=meta["version"])
+                    os.rename(live, old)  # from here until the commit, start-up brings `old` back
+                    os.rename(tmp, live)
+                    _fsync_dir(self.root)
+                    db.execute(_UPDATE, [*_row_values(meta)[1:], voice_id])
+            except BaseException:
+                if old.exists():  # undo the swap (after a crash, start-up does)
+                    if live.exists():
+                        self._discard(live)
+                    os.rename(old, live)
+                if tmp is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        shutil.rmtree(old, ignore_errors=True)
+        self._loaded.pop(voice_id, None)
         removed = self.cache.invalidate_voice(voice_id) if self.cache is not None else 0
         log.info("voice %s replaced (version %d, %d cache entries removed)", voice_id, meta["version"], removed)
         return self.get(voice_id)
 
     def delete(self, voice_id: str) -> Removed:
-        """Delete a voice: its folder (every file) and every cache entry. Returns what was removed.
+        """Delete a voice: its row, its folder (every file) and every cache entry. Returns what was removed.
 
         The folder is renamed out of sight first: from then on the voice is gone for every process, and a cache
-        bound to this store (in any process) takes back an entry of it written later. Then its cache entries go,
-        then its bytes. A crash after the rename leaves a trash folder that start-up removes together with every
-        cache entry of the voice; a crash before it leaves the voice whole.
+        bound to this store (in any process) takes back an entry of it written later. Then its row goes, then its
+        cache entries, then its bytes. A crash after the rename is finished by start-up; before it, the voice is
+        whole. The database is checkpointed, so the row's bytes (consent included) do not linger in its WAL. A folder
+        without a row (a create a crash cut short, not yet reconciled) is deleted the same way.
         """
-        with self._lock:
-            meta = self.meta(voice_id)
-            live = self.root / voice_id
-            files = sorted(p.name for p in live.iterdir())
-            size = sum(p.stat().st_size for p in live.iterdir())
-            trash = self.root / f"{TRASH_PREFIX}{voice_id}-{uuid.uuid4().hex}"
-            with self._writing():
-                os.rename(live, trash)  # invisible at once; the entries and the bytes go next (or at next start-up)
-                _fsync_dir(self.root)
-                entries = self.cache.retire_voice(voice_id) if self.cache is not None else 0
-                shutil.rmtree(trash)
+        live = self._folder(voice_id)
+        names: list[str] = []
+        size, trash = 0, None
+        with self._writing():
+            # the write transaction: a replace of the voice by another process runs wholly before or after, and no
+            # create is between its rename and its commit, so a folder without a row is nobody's voice
+            with self._transaction() as db:
+                row = db.execute(f"{_SELECT} WHERE id = ?", (voice_id,)).fetchone()
+                if row is None and not live.exists():
+                    raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids")
+                meta: dict[str, Any] = _meta_of(row) if row is not None else {"name": "", "owner_id": 0}
+                try:
+                    names = sorted(p.name for p in live.iterdir())
+                    size = sum((live / n).stat().st_size for n in names)
+                    trash = self.root / f"{TRASH_PREFIX}{voice_id}-{uuid.uuid4().hex}"
+                    os.rename(live, trash)  # invisible at once; the row, the entries and the bytes go next
+                    _fsync_dir(self.root)
+                except FileNotFoundError:  # a delete a crash interrupted: finish it
+                    names, size, trash = [], 0, None
+                db.execute("DELETE FROM voices WHERE id = ?", (voice_id,))
+            self._checkpoint()
             self._loaded.pop(voice_id, None)
-        log.info("voice %s (%r) deleted: %d files, %d bytes, %d cache entries", voice_id, meta["name"], len(files),
+            entries = self.cache.retire_voice(voice_id) if self.cache is not None else 0
+            if trash is not None:
+                shutil.rmtree(trash)
+        log.info("voice %s (%r) deleted: %d files, %d bytes, %d cache entries", voice_id, meta["name"], len(names),
                  size, entries)
-        return Removed(voice_id, meta["name"], int(meta["owner_id"]), files, size, entries)
+        return Removed(voice_id, meta["name"], int(meta["owner_id"]), names, size, entries)
 
     def delete_owner(self, owner_id: int) -> list[Removed]:
         """Delete every voice of an owner (a user leaving / asking for erasure)."""
@@ -254,45 +357,12 @@ class VoiceStore:
 
     def get(self, voice_id: str) -> Voice:
         """The voice with this id (prompt arrays read from disk once per version, then kept in memory)."""
-        folder = self._folder(voice_id)
-        try:
-            st = folder.stat()
-        except FileNotFoundError:
-            raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids") from None
-        stamp = (st.st_ino, st.st_mtime_ns)
-        hit = self._loaded.get(voice_id)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
-        meta = self.meta(voice_id)
-        with np.load(folder / PROMPT_FILE, allow_pickle=False) as z:
-            prompt = VoicePrompt(
-                prompt_tokens=z["prompt_tokens"].astype(np.int64),
-                ge=z["ge"].astype(np.float32),
-                prompt_phones=z["prompt_phones"].astype(np.int64),
-                prompt_bert=z["prompt_bert"].astype(np.float32),
-                # v2Pro/v2ProPlus voices only; a v2 voice (or one stored before v2Pro support) has none
-                sv_emb=z["sv_emb"].astype(np.float32) if "sv_emb" in z.files else None,
-            )
-        voice = Voice(
-            id=meta["id"],
-            name=meta["name"],
-            owner_id=int(meta["owner_id"]),
-            version=int(meta["version"]),
-            language=meta["language"],
-            prompt_text=meta["prompt_text"],
-            prompt=prompt,
-            model_id=meta["model_id"],
-        )
-        self._loaded[voice_id] = (stamp, voice)
-        return voice
+        return self._voice(self._meta_in(self._db(), voice_id))
 
     def meta(self, voice_id: str) -> dict[str, Any]:
-        """The voice's ``meta.json`` (consent, enrollment prompt, timestamps, reference info), as a new dict."""
-        path = self._folder(voice_id) / META_FILE
-        try:
-            return dict(json.loads(path.read_text(encoding="utf-8")))
-        except FileNotFoundError:
-            raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids") from None
+        """The voice's metadata (id, name, owner_id, version, language, prompt_text, enrollment_prompt, model_id,
+        created, updated, consent, reference), as a new dict."""
+        return self._meta_in(self._db(), voice_id)
 
     def load_clip(self, voice_id: str) -> np.ndarray:
         """The stored reference ``[N]`` float32 @ 32 kHz (for re-encoding with a new model)."""
@@ -305,46 +375,113 @@ class VoiceStore:
 
     def find(self, name: str, owner_id: int | None = None) -> Voice:
         """The voice with this name (case-insensitive), of this owner when given."""
-        with self._lock:
-            matches = [m for m in self._metas() if m["name"].casefold() == name.casefold()
-                       and (owner_id is None or int(m["owner_id"]) == owner_id)]
-        if not matches:
+        where, args = "name_key = ?", [name.casefold()]
+        if owner_id is not None:
+            where, args = where + " AND owner_id = ?", [*args, int(owner_id)]
+        metas = [_meta_of(r) for r in self._db().execute(f"{_SELECT} WHERE {where}", args)]
+        if not metas:
             whose = "" if owner_id is None else " of yours"
             raise VoiceNotFound(f"no voice{whose} named {name!r}; list voices to see the names")
-        if len(matches) > 1:
-            raise VoiceError(f"{len(matches)} voices are named {name!r}; pick one by its owner or id")
-        return self.get(matches[0]["id"])
+        if len(metas) > 1:
+            raise VoiceError(f"{len(metas)} voices are named {name!r}; pick one by its owner or id")
+        return self._voice(metas[0])
 
     def list(self, owner_id: int | None = None) -> list[Voice]:
-        """All voices (of one owner when given), sorted by name."""
-        metas = [m for m in self._metas() if owner_id is None or int(m["owner_id"]) == owner_id]
+        """All voices (of one owner when given), sorted by name: one query, then the prompt arrays from memory
+        (read from disk only for a version not seen yet)."""
+        where, args = ("", ()) if owner_id is None else (" WHERE owner_id = ?", (int(owner_id),))
+        rows = self._db().execute(f"{_SELECT}{where} ORDER BY name_key, id", args).fetchall()
+        if owner_id is None:  # forget the arrays of voices deleted elsewhere
+            for gone in self._loaded.keys() - {str(r[0]) for r in rows}:
+                self._loaded.pop(gone, None)
         voices: list[Voice] = []
-        for m in sorted(metas, key=lambda m: (m["name"].casefold(), m["id"])):
+        for row in rows:
             try:
-                voices.append(self.get(m["id"]))
-            except VoiceNotFound:  # deleted meanwhile
+                voices.append(self._voice(_meta_of(row), wait=False))
+            except VoiceNotFound:  # being deleted or replaced right now: a list never waits
                 continue
         return voices
 
     # --- internals ----------------------------------------------------------------------------------------------
 
     def _exists(self, voice_id: str) -> bool:
-        """Is this voice in the store? (Ids of another shape are not the store's to answer for: True.)"""
+        """Is this voice's folder in place? (The first step of a delete removes it; ids of another shape are not
+        the store's to answer for: True.)"""
         return not _ID_RE.fullmatch(voice_id) or (self.root / voice_id).is_dir()
 
-    def _build(self, meta: dict[str, Any], prompt: VoicePrompt, clip32k: np.ndarray) -> Path:
+    def _voice(self, meta: dict[str, Any], *, wait: bool = True) -> Voice:
+        """The voice of a row, its prompt arrays from memory when this version's are there. While another process
+        replaces it, wait for its commit (``wait=False``: VoiceNotFound at once, as for a voice being deleted)."""
+        voice_id, version = str(meta["id"]), int(meta["version"])
+        folder = self.root / voice_id
+        deadline = time.monotonic() + (REPLACE_WAIT_S if wait else 0.0)
+        while True:
+            try:
+                inode = folder.stat().st_ino
+                hit = self._loaded.get(voice_id)
+                if hit is not None and hit[0] == (version, inode):
+                    return hit[1]
+                prompt, stamp = _read_prompt(folder / PROMPT_FILE)
+                if stamp is None or stamp == version:
+                    break
+            except FileNotFoundError:  # deleted, or between the two renames of another process's replace
+                if not wait or not any(self.root.glob(f"{OLD_PREFIX}{voice_id}-*")):
+                    raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids") from None
+            # another process is replacing the voice (or died doing so, until the next start-up): wait for it
+            if not wait:
+                raise VoiceNotFound(f"voice {voice_id!r} is being changed right now")
+            if time.monotonic() > deadline:
+                raise VoiceError(f"voice {meta['name']!r} is being changed right now; try again in a moment")
+            time.sleep(0.01)
+            meta = self._meta_in(self._db(), voice_id)
+            version = int(meta["version"])
+        voice = Voice(id=voice_id, name=meta["name"], owner_id=int(meta["owner_id"]), version=version,
+                      language=meta["language"], prompt_text=meta["prompt_text"], prompt=prompt,
+                      model_id=meta["model_id"])
+        self._loaded[voice_id] = ((version, inode), voice)
+        return voice
+
+    def _meta_in(self, db: sqlite3.Connection, voice_id: str) -> dict[str, Any]:
+        """A voice's row as a dict (VoiceNotFound when there is none)."""
+        if not _ID_RE.fullmatch(voice_id):
+            raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids")
+        row = db.execute(f"{_SELECT} WHERE id = ?", (voice_id,)).fetchone()
+        if row is None:
+            raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids")
+        return _meta_of(row)
+
+    def _check_free(self, db: sqlite3.Connection, name: str, owner_id: int, voice_id: str | None) -> None:
+        """Refuse a name the owner already uses, or an id in use."""
+        taken = db.execute("SELECT 1 FROM voices WHERE owner_id = ? AND name_key = ?",
+                           (int(owner_id), name.casefold())).fetchone()
+        if taken is not None:
+            raise VoiceError(f"you already have a voice named {name!r}; pick another name or replace that voice")
+        if voice_id is not None and (db.execute("SELECT 1 FROM voices WHERE id = ?", (voice_id,)).fetchone()
+                                     is not None or (self.root / voice_id).exists()):
+            raise VoiceError(f"a voice with id {voice_id} exists already")
+
+    def _build(self, prompt: VoicePrompt, clip32k: np.ndarray, *, version: int) -> Path:
         """Write a complete voice folder under a temporary name; remove it again if anything fails."""
         tmp = self.root / f"{TMP_PREFIX}{uuid.uuid4().hex}"
         tmp.mkdir()
         try:
             _write_clip(tmp / CLIP_FILE, clip32k)
-            _write_prompt(tmp / PROMPT_FILE, prompt)
-            _write_json(tmp / META_FILE, meta)
+            _write_prompt(tmp / PROMPT_FILE, prompt, version)
             _fsync_dir(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return tmp
+
+    def _discard(self, folder: Path, voice_id: str | None = None) -> None:
+        """Send a folder that is not (or no longer) a voice to trash, its cache entries after it, and remove it."""
+        voice_id = voice_id or folder.name
+        trash = self.root / f"{TRASH_PREFIX}{voice_id}-{uuid.uuid4().hex}"
+        os.rename(folder, trash)
+        _fsync_dir(self.root)
+        if self.cache is not None and _ID_RE.fullmatch(voice_id):
+            self.cache.invalidate_voice(voice_id)
+        shutil.rmtree(trash, ignore_errors=True)
 
     def _folder(self, voice_id: str) -> Path:
         """The folder of a voice id (refusing anything that is not an id, so no path can escape the root)."""
@@ -352,67 +489,85 @@ class VoiceStore:
             raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids")
         return self.root / voice_id
 
-    def _metas(self) -> list[dict[str, Any]]:
-        """meta.json of every visible voice (read from disk only when the root folder changed since last time)."""
-        with self._lock:
-            stamp = self.root.stat().st_mtime_ns
-            if stamp == self._metas_at:
-                return self._metas_cache
-            out: list[dict[str, Any]] = []
-            for folder in self.root.iterdir():
-                if _ID_RE.fullmatch(folder.name) and folder.is_dir():
-                    try:
-                        out.append(json.loads((folder / META_FILE).read_text(encoding="utf-8")))
-                    except FileNotFoundError:  # deleted meanwhile
-                        continue
-            # a change within the clock's resolution of this read would look unchanged next time: keep it only
-            # when the folder is older than that
-            self._metas_at = stamp if time.time_ns() - stamp > MTIME_SLACK_NS else None
-            self._metas_cache = out
-            return out
+    def _db(self) -> sqlite3.Connection:
+        """This thread's connection to the database (opened on first use; a forked child opens its own)."""
+        held: tuple[int, sqlite3.Connection] | None = getattr(self._local, "conn", None)
+        if held is not None and held[0] == os.getpid():
+            return held[1]
+        try:
+            conn = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")  # a committed voice survives a power cut, not only a crash
+            conn.execute("PRAGMA secure_delete = ON")  # a deleted voice's row is overwritten, not just unlinked
+        except sqlite3.Error as e:
+            raise VoiceError(f"cannot open the voice database {self.db_path}: {e}; check the folder's permissions "
+                             "and that it is on a local disk") from e
+        with self._connections_lock:
+            self._connections.append(conn)
+        self._local.conn = (os.getpid(), conn)
+        return conn
 
-    def _find_meta(self, name: str, owner_id: int) -> dict[str, Any] | None:
-        """An existing voice of this owner with this name (case-insensitive)."""
-        for m in self._metas():
-            if int(m["owner_id"]) == owner_id and m["name"].casefold() == name.casefold():
-                return m
-        return None
+    @contextmanager
+    def _transaction(self) -> Generator[sqlite3.Connection, None, None]:
+        """One write transaction (BEGIN IMMEDIATE: the writers of every process take turns), committed at the end,
+        rolled back on any exception."""
+        db = self._db()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            raise VoiceError(f"the voice database {self.db_path} stayed busy for {BUSY_TIMEOUT_MS // 1000} s "
+                             f"({e}); try again") from e
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def _checkpoint(self) -> None:
+        """Empty the WAL into the database (and truncate it): until then a deleted row stays readable there."""
+        try:
+            self._db().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error:  # another process reads: its next checkpoint copies the pages
+            log.warning("voices: WAL checkpoint after a delete did not complete", exc_info=True)
 
     @contextmanager
     def _writing(self) -> Generator[None, None, None]:
-        """Held while this process has temporary folders in the root: a shared lock on the root folder, released
-        by the kernel when the process dies (so recovery can tell a live writer's folders from a dead one's)."""
+        """Held while this process has a write sequence under way in the root: a shared lock on the root folder,
+        released by the kernel when the process dies (so reconciliation can tell a live writer's leftovers from
+        a dead one's)."""
         fd = os.open(self.root, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a start-up recovery runs
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a start-up reconciliation runs
             yield
         finally:
             os.close(fd)  # releases the lock
 
     def _recover(self) -> None:
-        """Finish or undo what a crash interrupted: restore swapped-out voices, remove temporary folders. Only when
-        no live process is writing (the exclusive lock on the root, taken without waiting): then every temporary
-        folder is a dead process's."""
+        """Import voices stored before the database, then (only when no live process is writing: the exclusive
+        lock on the root, taken without waiting) finish or undo what a crash interrupted."""
+        self._import_meta_files()
         fd = os.open(self.root, os.O_RDONLY)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                log.info("another process is writing a voice in %s: its temporary folders are left alone", self.root)
+                log.info("another process is writing a voice in %s: its folders are left alone", self.root)
                 return
             self._recover_locked()
         finally:
             os.close(fd)
 
     def _recover_locked(self) -> None:
-        """The recovery itself, under the exclusive lock."""
+        """The reconciliation itself, under the exclusive lock: folders first, then rows against folders."""
+        db = self._db()
         for folder in sorted(self.root.iterdir()):
             if folder.name.startswith(OLD_PREFIX):
-                voice_id = folder.name[len(OLD_PREFIX) :].split("-", 1)[0]
-                live = self.root / voice_id
-                if not live.exists() and _ID_RE.fullmatch(voice_id):
-                    os.rename(folder, live)  # the replace never completed: keep the previous version
-                    log.warning("voice %s: restored the previous version after an interrupted replace", voice_id)
+                voice_id = folder.name[len(OLD_PREFIX):].split("-", 1)[0]
+                if _ID_RE.fullmatch(voice_id) and self._restore_old(db, voice_id, folder):
                     continue
             if folder.name.startswith(TRASH_PREFIX):  # a delete was interrupted: finish it, caches included
                 voice_id = _trashed_voice_id(folder)
@@ -421,7 +576,70 @@ class VoiceStore:
             if folder.name.startswith((TMP_PREFIX, OLD_PREFIX, TRASH_PREFIX)):
                 shutil.rmtree(folder, ignore_errors=True)
                 log.info("removed leftover %s", folder.name)
+        self._import_meta_files()  # a restored folder of the old layout
+        rows = {str(r[0]) for r in db.execute("SELECT id FROM voices")}
+        for voice_id in sorted(rows):
+            folder = self.root / voice_id
+            if not (folder / SPEAKS_WITH).is_file():
+                log.warning("voice %s: its folder is missing or incomplete; its row goes", voice_id)
+                with self._transaction() as tx:
+                    tx.execute("DELETE FROM voices WHERE id = ?", (voice_id,))
+                if folder.exists():
+                    self._discard(folder)
+                elif self.cache is not None:
+                    self.cache.invalidate_voice(voice_id)
+        for folder in sorted(self.root.iterdir()):
+            if (_ID_RE.fullmatch(folder.name) and folder.is_dir() and folder.name not in rows
+                    and not (folder / META_FILE).exists()):
+                log.warning("voice folder %s has no committed row (a create was interrupted): removed", folder.name)
+                self._discard(folder)
         _fsync_dir(self.root)
+        self._checkpoint()  # a row deleted here, or by a delete a crash cut short, leaves nothing in the WAL
+
+    def _restore_old(self, db: sqlite3.Connection, voice_id: str, old: Path) -> bool:
+        """An interrupted replace: bring the previous version back unless the new one committed; True when ``old``
+        was put back in place."""
+        live = self.root / voice_id
+        if not live.exists():  # between the two renames
+            os.rename(old, live)
+            log.warning("voice %s: restored the previous version after an interrupted replace", voice_id)
+            return True
+        row = db.execute("SELECT version FROM voices WHERE id = ?", (voice_id,)).fetchone()
+        live_stamp = _prompt_stamp(live / PROMPT_FILE)
+        if row is not None and live_stamp is not None and live_stamp != int(row[0]):  # the new one never committed
+            self._discard(live)
+            os.rename(old, live)
+            log.warning("voice %s: restored the previous version after an interrupted replace", voice_id)
+            return True
+        return False
+
+    def _import_meta_files(self) -> int:
+        """Give each voice folder of the layout before the database (``meta.json``, no row) its row, then remove
+        its ``meta.json``. Idempotent; returns how many rows were added."""
+        found: list[tuple[Path, dict[str, Any]]] = []
+        for folder in sorted(self.root.iterdir()):
+            path = folder / META_FILE
+            if not _ID_RE.fullmatch(folder.name) or not path.is_file():
+                continue
+            try:
+                meta = _meta_from_json(json.loads(path.read_text(encoding="utf-8")), folder.name)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.warning("voice folder %s: its %s cannot be imported (%s); left as it is", folder.name, META_FILE, e)
+                continue
+            found.append((path, meta))
+        if not found:
+            return 0
+        with self._transaction() as db:
+            before = db.total_changes
+            for _, meta in found:
+                db.execute(_INSERT.replace("INSERT", "INSERT OR IGNORE", 1), _row_values(meta))
+            added = db.total_changes - before
+        for path, _ in found:  # committed: the files are no longer the truth
+            path.unlink(missing_ok=True)
+            _fsync_dir(path.parent)
+        log.info("imported %d voice(s) stored before the voice database (%d already had their row)", added,
+                 len(found) - added)
+        return added
 
 
 def _trashed_voice_id(folder: Path) -> str | None:
@@ -457,8 +675,82 @@ def _check_language(language: str) -> None:
         raise VoiceError(f"language must be one of {', '.join(LANGUAGES)}, got {language!r}")
 
 
+def _row_values(meta: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A voice's metadata as the values of :data:`_WRITE_COLUMNS` (consent and reference as JSON)."""
+    values = {**meta, "consent": json.dumps(meta["consent"], ensure_ascii=False, sort_keys=True),
+              "reference": json.dumps(meta["reference"], ensure_ascii=False, sort_keys=True),
+              "name_key": str(meta["name"]).casefold(), "owner_id": int(meta["owner_id"]),
+              "version": int(meta["version"])}
+    return tuple(values[c] for c in _WRITE_COLUMNS)
+
+
+def _meta_of(row: tuple[Any, ...]) -> dict[str, Any]:
+    """A row of :data:`_SELECT` as the metadata dict."""
+    meta: dict[str, Any] = dict(zip(_COLUMNS, row))
+    meta["consent"] = json.loads(meta["consent"])
+    meta["reference"] = json.loads(meta["reference"])
+    return meta
+
+
+def _meta_from_json(raw: Mapping[str, Any], folder_id: str) -> dict[str, Any]:
+    """The metadata of a ``meta.json`` written before the database (schema 1), checked enough to be a row."""
+    if raw.get("id") != folder_id:
+        raise ValueError(f"its id {raw.get('id')!r} is not its folder's name")
+    consent: Any = raw["consent"]
+    reference: Any = raw.get("reference") or {}
+    if not isinstance(consent, dict) or not isinstance(reference, dict):
+        raise ValueError("consent and reference must be objects")
+    return {"id": folder_id, "name": str(raw["name"]), "owner_id": int(raw["owner_id"]),
+            "version": int(raw["version"]), "language": str(raw["language"]), "prompt_text": str(raw["prompt_text"]),
+            "enrollment_prompt": raw.get("enrollment_prompt"), "model_id": str(raw["model_id"]),
+            "created": str(raw["created"]), "updated": str(raw.get("updated", raw["created"])),
+            "consent": consent, "reference": reference}
+
+
+def _read_prompt(path: Path) -> tuple[VoicePrompt, int | None]:
+    """A voice's prompt arrays and the row version they were written for (None: written before versions were)."""
+    with np.load(path, allow_pickle=False) as z:
+        prompt = VoicePrompt(
+            prompt_tokens=z["prompt_tokens"].astype(np.int64),
+            ge=z["ge"].astype(np.float32),
+            prompt_phones=z["prompt_phones"].astype(np.int64),
+            prompt_bert=z["prompt_bert"].astype(np.float32),
+            # v2Pro/v2ProPlus voices only; a v2 voice (or one stored before v2Pro support) has none
+            sv_emb=z["sv_emb"].astype(np.float32) if "sv_emb" in z.files else None,
+        )
+        stamp = int(z["version"]) if "version" in z.files else None
+    return prompt, stamp
+
+
+def _prompt_stamp(path: Path) -> int | None:
+    """The row version a prompt file was written for (None: unreadable, or written before versions were)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return int(z["version"]) if "version" in z.files else None
+    except (OSError, ValueError):
+        return None
+
+
+def _network_filesystem(path: Path) -> str | None:
+    """The filesystem type when ``path`` is on a network filesystem (from /proc/mounts), else None."""
+    try:
+        mounts = Path("/proc/mounts").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    target, best, kind = str(path.resolve()), "", None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > len(best):
+            best, kind = point, parts[2]
+    return kind if kind is not None and kind.startswith(NETWORK_FS) else None
+
+
 def _consent_dict(consent: Consent | Mapping[str, Any]) -> dict[str, Any]:
-    """The consent record as stored in meta.json (``user_id``, ``text``, ``at`` ISO UTC, then any extras)."""
+    """The consent record as stored with the voice (``user_id``, ``text``, ``at`` ISO UTC, then any extras)."""
     if isinstance(consent, Consent):
         raw: dict[str, Any] = {"user_id": consent.user_id, "text": consent.text, "at": consent.at}
     else:
@@ -481,7 +773,7 @@ def _consent_dict(consent: Consent | Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _reference_dict(reference: Reference) -> dict[str, Any]:
-    """What meta.json records about the reference clip."""
+    """What the voice's row records about the reference clip."""
     return {
         "duration_s": round(float(reference.duration_s), 3),
         "start_s": round(float(reference.start_s), 3),
@@ -503,28 +795,22 @@ def _write_clip(path: Path, clip32k: np.ndarray) -> None:
         os.fsync(f.fileno())
 
 
-def _write_prompt(path: Path, prompt: VoicePrompt) -> None:
-    """Write the prompt arrays (compressed: BERT is all zeros for non-Chinese transcripts) and fsync; ``sv_emb`` is
-    stored only when the voice has one (v2Pro/v2ProPlus), so its absence on load means a v2 voice."""
+def _write_prompt(path: Path, prompt: VoicePrompt, version: int) -> None:
+    """Write the prompt arrays (compressed: BERT is all zeros for non-Chinese transcripts) and the version of the
+    row they belong to, and fsync; ``sv_emb`` is stored only when the voice has one (v2Pro/v2ProPlus), so its absence
+    on load means a v2 voice."""
     arrays = {
         "prompt_tokens": np.asarray(prompt.prompt_tokens, np.int64),
         "ge": np.asarray(prompt.ge, np.float32),
         "prompt_phones": np.asarray(prompt.prompt_phones, np.int64),
         "prompt_bert": np.asarray(prompt.prompt_bert, np.float32),
+        "version": np.asarray(version, np.int64),
     }
     if prompt.sv_emb is not None:
         arrays["sv_emb"] = np.asarray(prompt.sv_emb, np.float32)
     with open(path, "wb") as f:
         # (numpy's stub lets a ** mapping fill allow_pickle too, so pyright checks the arrays against bool)
         np.savez_compressed(f, **arrays)  # pyright: ignore[reportArgumentType]
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON and fsync it."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, ensure_ascii=False, indent=2, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -26,6 +27,63 @@ MIN_ROOM_POSITIONS = 400  # GPT context a voice's prompt must leave for a senten
 TOKENS_PER_S = SAMPLE_RATE / SAMPLES_PER_TOKEN  # semantic tokens per second of reference (25)
 GPT_CONTEXT = 2048  # the engines' GPT context per request (engines.gpt_sovits.generate.MAX_CONTEXT) unless they say
 Progress = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class VoiceOrder:
+    """A voice to be made, its arguments checked once (:func:`create_voice`), before any decoding or encoding;
+    what travels to the process that holds the model (a Ray replica) as it is.
+
+    Attributes
+    ----------
+    name: the voice's name (checked: :func:`synthesis.voices.check_name`).
+    consent: the speaker's consent record (``user_id``, ``text``; see ``synthesis.voices.Consent``).
+    owner_id: the Discord user who owns it (0 for server/CLI voices).
+    transcript: what the clip says (None: the enrollment prompt, else reference-free).
+    language: the transcript's language ("auto": detected).
+    enrollment_prompt: the sentence the user was asked to read, if any.
+    voice_id: the id reserved for it (a new one when None).
+    """
+
+    name: str
+    consent: dict[str, Any]
+    owner_id: int = 0
+    transcript: str | None = None
+    language: str = "auto"
+    enrollment_prompt: str | None = None
+    voice_id: str | None = None
+
+
+class _Maker(Protocol):
+    """What :func:`create_voice` needs of a voicing (local or remote)."""
+
+    async def make(self, order: VoiceOrder, data: bytes, filename: str,
+                   progress: Progress) -> tuple[Voice, list[str]]: ...
+
+    def precompute(self, voice: Voice, phrases: Sequence[str]) -> asyncio.Task[int]: ...
+
+
+async def create_voice(voicing: _Maker, name: str, data: bytes, filename: str = "", *, consent: Mapping[str, Any],
+                       owner_id: int = 0, transcript: str | None = None, language: str = "auto",
+                       enrollment_prompt: str | None = None, progress: Progress | None = None,
+                       phrases: Sequence[str] = (), voice_id: str | None = None) -> tuple[Voice, list[str]]:
+    """Validate and encode an uploaded clip, store the voice, start precomputing ``phrases``: the argument handling
+    of ``create``, one body for the local :class:`Voicing` and the remote one (``synthesis.remote``).
+
+    ``consent`` is the speaker's consent record (``user_id``, ``text``; see ``synthesis.voices.Consent``): nothing
+    is stored without it. ``voice_id``: the id reserved for it (a new one when None). Returns the voice and the
+    clip's warnings.
+    """
+    check_name(name)  # a name the store would refuse is refused before any decoding or encoding
+    order = VoiceOrder(name, dict(consent), int(owner_id), transcript, language, enrollment_prompt, voice_id)
+    voice, warnings = await voicing.make(order, data, filename, progress or _no_progress)
+    if phrases:
+        voicing.precompute(voice, phrases)
+    return voice, list(warnings)
+
+
+def _no_progress(stage: str, fraction: float) -> None:
+    """A :data:`Progress` that reports nowhere."""
 
 
 class Voicing:
@@ -54,33 +112,25 @@ class Voicing:
 
     # ---- create ------------------------------------------------------------------------------------------------
 
-    async def create(self, name: str, data: bytes, filename: str = "", *, consent: Mapping[str, Any],
-                     owner_id: int = 0, transcript: str | None = None, language: str = "auto",
-                     enrollment_prompt: str | None = None, progress: Progress | None = None,
-                     phrases: Sequence[str] = (), voice_id: str | None = None) -> tuple[Voice, list[str]]:
-        """Validate and encode an uploaded clip, store the voice, start precomputing ``phrases``.
+    create = create_voice  # the argument handling, one body with the remote voicing's
 
-        ``consent`` is the speaker's consent record (``user_id``, ``text``; see ``synthesis.voices.Consent``):
-        nothing is stored without it. ``voice_id``: the id reserved for it (a new one when None). Returns the voice
-        and the clip's warnings.
-        """
-        report: Callable[[str, float], None] = progress or (lambda stage, frac: None)
-        check_name(name)  # a name the store would refuse is refused before any decoding or encoding
-        report("decoding", 0.0)
+    async def make(self, order: VoiceOrder, data: bytes, filename: str,
+                   progress: Progress = _no_progress) -> tuple[Voice, list[str]]:
+        """Decode and encode the clip of a checked order, and store the voice: (voice, the clip's warnings)."""
+        progress("decoding", 0.0)
         lim = self.limits
         ref = await asyncio.to_thread(reference_from_upload, data, filename, max_bytes=lim.max_upload_bytes,
                                       max_seconds=lim.max_upload_s, min_s=lim.min_speech_s, max_s=lim.max_speech_s)
-        report("encoding", 0.3)
-        prompt_text = (transcript or enrollment_prompt or "").strip()
-        prompt = await self._encode_prompt(ref.wav16k, ref.wav32k, prompt_text, language)
+        progress("encoding", 0.3)
+        prompt_text = (order.transcript or order.enrollment_prompt or "").strip()
+        prompt = await self._encode_prompt(ref.wav16k, ref.wav32k, prompt_text, order.language)
         self._check_prompt_room(prompt.prompt_phones.size, prompt.prompt_tokens.size)
-        report("storing", 0.8)
+        progress("storing", 0.8)
         voice = await asyncio.to_thread(
-            self.store.create, name, ref, prompt, owner_id=owner_id, language=language, prompt_text=prompt_text,
-            model_id=self.engine.model_id, consent=consent, enrollment_prompt=enrollment_prompt, voice_id=voice_id)
-        report("done", 1.0)
-        if phrases:
-            self.precompute(voice, phrases)
+            self.store.create, order.name, ref, prompt, owner_id=order.owner_id, language=order.language,
+            prompt_text=prompt_text, model_id=self.engine.model_id, consent=order.consent,
+            enrollment_prompt=order.enrollment_prompt, voice_id=order.voice_id)
+        progress("done", 1.0)
         return voice, list(ref.warnings)
 
     async def _encode_prompt(self, wav16k: np.ndarray, wav32k: np.ndarray, prompt_text: str,

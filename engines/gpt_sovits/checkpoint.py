@@ -63,6 +63,7 @@ V2PRO_PLUS_FIRST_KERNEL = 20  # v2ProPlus's first HiFi-GAN upsampling kernel (v2
 V2_SYMBOLS = 732  # phone table size of v2 (text/symbols2.py)
 V1_SYMBOLS = 322  # phone table size of v1 (SoVITS text embedding rows)
 V1_GPT_PHONEMES = 512  # phoneme_vocab_size of v1 GPT files
+SUPPORTED_HINT = "use a v2, v2Pro or v2ProPlus model"  # what every refusal of another family says instead
 SEMANTIC_VOCAB = 1025  # 1024 codes + EOS
 FINGERPRINT_HEX = 16  # hex digits of sha256 kept by file_fingerprint
 _HASH_BLOCK = 1 << 20  # bytes read per hash update
@@ -170,7 +171,7 @@ def load_gpt_checkpoint(path: str | os.PathLike[str]) -> GptCheckpoint:
     if phonemes == V1_GPT_PHONEMES:
         raise ModelFormatError(
             f"{path}: this is a GPT-SoVITS v1 GPT (512 phonemes); "
-            f"v1 is not supported, use a v2 model."
+            f"v1 is not supported; {SUPPORTED_HINT}."
         )
     if phonemes != V2_SYMBOLS or vocab != SEMANTIC_VOCAB:
         raise ModelFormatError(
@@ -216,9 +217,9 @@ def load_sovits_checkpoint(path: str | os.PathLike[str]) -> SovitsCheckpoint:
     if any(k.startswith("model.ar_") or k.startswith("ar_") for k in state_dict):
         raise ModelFormatError(f"{path}: this is a GPT model (.ckpt), not a SoVITS model (.pth); swap the two paths.")
     if "lora_rank" in obj:
-        raise ModelFormatError(f"{path}: v3/v4 LoRA files are not supported yet; use a v2 model.")
+        raise ModelFormatError(f"{path}: v3/v4 LoRA files are not supported yet; {SUPPORTED_HINT}.")
     if any(k.startswith("cfm.") for k in state_dict):
-        raise ModelFormatError(f"{path}: v3/v4 SoVITS models are not supported yet; use a v2 model.")
+        raise ModelFormatError(f"{path}: v3/v4 SoVITS models are not supported yet; {SUPPORTED_HINT}.")
     emb = state_dict.get("enc_p.text_embedding.weight")
     if emb is None:
         raise ModelFormatError(
@@ -228,11 +229,12 @@ def load_sovits_checkpoint(path: str | os.PathLike[str]) -> SovitsCheckpoint:
     if emb.shape[0] == V1_SYMBOLS:
         raise ModelFormatError(
             f"{path}: this is a GPT-SoVITS v1 SoVITS model (322 symbols); "
-            f"v1 is not supported, use a v2 model."
+            f"v1 is not supported; {SUPPORTED_HINT}."
         )
     if emb.shape[0] != V2_SYMBOLS:
         raise ModelFormatError(
-            f"{path}: SoVITS text embedding has {emb.shape[0]} symbols, expected {V2_SYMBOLS} (v2); use a v2 model."
+            f"{path}: SoVITS text embedding has {emb.shape[0]} symbols, expected {V2_SYMBOLS} (v2); "
+            f"{SUPPORTED_HINT}."
         )
     config = _to_plain(obj.get("config", {}))
     if not is_dict(config) or not is_dict(config.get("model")):
@@ -403,7 +405,7 @@ def _load_torch_file(path: Path, kind: str) -> Any:
     elif head in VERSION_MAGICS:
         name, supported = VERSION_MAGICS[head]
         if not supported:
-            raise ModelFormatError(f"{path}: {name} files are not supported yet; use a v2 model.")
+            raise ModelFormatError(f"{path}: {name} files are not supported yet; {SUPPORTED_HINT}.")
         # Restore the zip magic in memory only; the file on disk stays as it is.
         data = bytearray(path.read_bytes())
         data[:2] = ZIP_MAGIC

@@ -24,6 +24,19 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 240) ->
                           env=full_env, timeout=timeout)
 
 
+def _assert_no_voice_left(root: Path) -> None:
+    """Nothing of any voice in the voice folder: no file but the voice database, and no row in that."""
+    from tests.synthesis.test_voices import files_under
+
+    assert files_under(root) == []
+    if (root / "voices.sqlite3").exists():
+        conn = sqlite3.connect(root / "voices.sqlite3")
+        try:
+            assert conn.execute("SELECT COUNT(*) FROM voices").fetchone() == (0,)
+        finally:
+            conn.close()
+
+
 def _config(tiny_models: Path, tmp_path: Path) -> Path:
     text = (tiny_models / "config.yaml").read_text()
     text = text.replace("dir: voices", f"dir: {tmp_path / 'voices'}").replace("dir: cache", f"dir: {tmp_path / 'cache'}")
@@ -56,7 +69,7 @@ def test_say_with_a_reference_writes_32k_wav_and_timings_json(tiny_models: Path,
         assert s["gpt_s"] > 0 and s["sovits_s"] > 0 and s["prosody_hit"] is False
     audio, sr = sf.read(out)
     assert sr == 32000 and abs(len(audio) / sr - report["audio_s"]) < 1e-3
-    assert not any((tmp_path / "voices").iterdir())  # the temporary voice is gone
+    _assert_no_voice_left(tmp_path / "voices")  # the temporary voice is gone
 
 
 def test_voices_add_list_say_delete(tiny_models: Path, tmp_path: Path):
@@ -74,7 +87,7 @@ def test_voices_add_list_say_delete(tiny_models: Path, tmp_path: Path):
     assert json.loads(r.stdout)["sentences"][0]["prosody_hit"] is True  # precomputed when the voice was added
     r = _cli("--config", str(cfg), "voices", "delete", "me")
     assert r.returncode == 0 and "deleted voice 'me'" in r.stdout
-    assert not any((tmp_path / "voices").iterdir())
+    _assert_no_voice_left(tmp_path / "voices")
 
 
 def test_bad_clip_is_refused_with_its_reason(tiny_models: Path, tmp_path: Path):
@@ -141,7 +154,7 @@ def test_command_line_mistakes_are_one_line_before_any_model_loads(tmp_path: Pat
     _one_line_error(_cli(*c, "voices", "add", "X", str(clip), "--lang", "xx"), "--lang", "'xx'")
     for name in ("j.doe", "O'Brien"):  # names the store refuses, refused before the clip is read
         _one_line_error(_cli(*c, "voices", "add", name, str(clip)), "not allowed", name)
-    assert not (tmp_path / "voices").exists() or not any((tmp_path / "voices").iterdir())
+    assert not (tmp_path / "voices").exists() or _assert_no_voice_left(tmp_path / "voices") is None
 
 
 class _Discord401(threading.Thread):
@@ -229,4 +242,4 @@ def test_voices_delete_removes_the_database_rows_that_name_the_voice(tiny_models
     running.put_tokens(running.prosody_key("model-a", voice.id, 1, "late", "en", SAMPLING), np.arange(20), voice.id)
     assert running.stats()["prosody"]["entries"] == 0 and running.is_retired(voice.id)
     running.close()
-    assert not any((tmp_path / "voices").iterdir())
+    _assert_no_voice_left(tmp_path / "voices")

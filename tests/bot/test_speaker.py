@@ -700,3 +700,31 @@ async def test_say_answers_busy_before_queueing_when_the_synthesizer_is_full(ser
     await svc.say(guild, alice, "Are you there?", source="slash")
     await _until(lambda: svc.speaker(G1).items_spoken == 1)
     assert len(synth.calls) == 1
+
+
+async def test_voices_are_read_through_the_voice_service(tmp_path: Path) -> None:
+    """Issue 14, 3: the speech service reads voices through the voice service it is given, never through the
+    synthesizer's store (here the two hold different voices, so the answer shows which one was asked)."""
+    synth = FakeSynth([_voice("alice-in-synth", ALICE, 300.0)])
+    reads: list[str] = []
+
+    class CountedVoices(FakeVoices):
+        def get(self, voice_id: str) -> Voice:
+            reads.append(f"get {voice_id}")
+            return super().get(voice_id)
+
+        def list(self, owner_id: int | None = None) -> list[Voice]:
+            reads.append(f"list {owner_id}")
+            return super().list(owner_id)
+
+    store = Store(tmp_path / "bot.sqlite3")
+    owned = CountedVoices([_voice("alice-in-service", ALICE, 300.0), _voice("operator", 0, 900.0)])
+    svc = SpeechService(synth, store, Config(), voices=VoiceService(store, voices=owned))  # type: ignore[arg-type]
+    guild = FakeGuild(G1, [Member(ALICE, "Alice"), Member(CAROL, "Carol")])
+    assert (await svc.resolve_voice(guild, guild.get_member(ALICE))).id == "alice-in-service"
+    assert (await svc.resolve_voice(guild, guild.get_member(CAROL))).id == "operator"
+    await store.set_user_setting(ALICE, "voice", "operator")
+    assert (await svc.resolve_voice(guild, guild.get_member(ALICE))).id == "operator"
+    assert reads == [f"list {ALICE}", f"list {CAROL}", "list 0", "get operator"]
+    await svc.shutdown()
+    await store.close()

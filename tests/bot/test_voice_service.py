@@ -25,7 +25,7 @@ from bot.store import Store
 from bot.voice_service import VoiceService
 from synthesis.cache import SynthesisCache
 from synthesis.voices import VoiceStore
-from tests.synthesis.test_voices import SAMPLING, make_prompt, make_reference
+from tests.synthesis.test_voices import SAMPLING, db_bytes, files_under, make_prompt, make_reference
 
 ALICE, BOB, G1 = 111, 222, 999
 REPO = Path(__file__).resolve().parents[2]
@@ -100,7 +100,8 @@ def entries(cache: SynthesisCache) -> int:
 
 
 def files(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    """Every file under ``root`` but the voice database (see tests.synthesis.test_voices.files_under)."""
+    return files_under(root)
 
 
 @pytest.fixture
@@ -124,7 +125,7 @@ async def test_create_stores_the_voice_its_consent_once_and_its_rows(opened) -> 
     consent = await service.consent(voice.id)
     assert consent["user_id"] == ALICE and consent["text"] == CONSENT["statement"] and consent["guild_id"] == G1
     assert await store.voice_journal() == []
-    # the consent words are in the voice's meta.json and nowhere in the database
+    # the consent words are in the voice store's row for the voice and nowhere in the bot's database
     assert CONSENT["statement"] not in json.dumps(await rows_naming(store, ""))
     second = await make_voice(service, "Alto")
     assert not second.chosen and (await store.user_settings(ALICE))["voice"] == voice.id
@@ -194,6 +195,9 @@ async def main():
     elif step == "folder rename":  # the voice's files written in its temporary folder, not renamed into place
         real = voices_mod.os.rename
         voices_mod.os.rename = lambda src, dst: die() if ".tmp-" in str(src) else real(src, dst)
+    elif step == "after folder rename":  # the folder in place, the voice store's row not committed
+        real = voices_mod.os.rename
+        voices_mod.os.rename = lambda src, dst: (real(src, dst), die() if ".tmp-" in str(src) else None)[0]
     elif step == "commit_voice":  # the folder in place, the rows not yet written
         store.commit_voice = die
     elif step == "precompute":  # committed: the voice is whole
@@ -250,10 +254,11 @@ async def _assert_gone(root: Path, store: Store, cache: SynthesisCache, voices: 
     assert files(root / "voices") == [] and voices.list() == []
     assert entries(cache) == 0
     for voice_id in voice_ids:
-        assert await rows_naming(store, voice_id) == []
+        assert await rows_naming(store, voice_id) == [] and voice_id.encode() not in db_bytes(root / "voices")
 
 
-@pytest.mark.parametrize("step", ["voicing.create", "folder rename", "commit_voice", "precompute"])
+@pytest.mark.parametrize("step", ["voicing.create", "folder rename", "after folder rename", "commit_voice",
+                                  "precompute"])
 async def test_a_create_killed_at_any_step_is_whole_or_gone(tmp_path: Path, step: str) -> None:
     _run_until_killed(tmp_path, "create", step)
     store, cache, voices, service = await _after_restart(tmp_path)
@@ -316,4 +321,5 @@ def test_the_child_script_really_runs_to_the_end_unkilled(tmp_path: Path) -> Non
     r = subprocess.run([sys.executable, str(script), str(tmp_path), "create", "none"], capture_output=True, text=True,
                        cwd=REPO, timeout=120)
     assert r.returncode == 0 and "finished without being killed" in r.stdout, r.stderr
-    assert len([f for f in os.listdir(tmp_path / "voices") if not f.startswith(".")]) == 1
+    (voice_id,) = [f for f in os.listdir(tmp_path / "voices") if not f.startswith((".", "voices.sqlite3"))]
+    assert VoiceStore(tmp_path / "voices").get(voice_id).name == "Alice"

@@ -111,8 +111,8 @@ def test_booby_trapped_tagged_file_is_refused(tmp_path: Path) -> None:
     ("magic", "match"),
     [(b"05", "tagged as a v2Pro file but it lacks the v2Pro weights"),  # v2Pro is supported; a v2 file is not one
      (b"06", "tagged as a v2ProPlus file but it lacks the v2ProPlus weights"),
-     (b"03", "v3 LoRA files are not supported yet; use a v2 model"),
-     (b"04", "v4 LoRA files are not supported yet; use a v2 model")],
+     (b"03", "v3 LoRA files are not supported yet; use a v2, v2Pro or v2ProPlus model"),
+     (b"04", "v4 LoRA files are not supported yet; use a v2, v2Pro or v2ProPlus model")],
 )
 def test_version_magic_refused_and_file_unchanged(golden: Golden, tmp_path: Path, magic: bytes, match: str) -> None:
     path = tmp_path / "tagged.pth"
@@ -140,9 +140,11 @@ def test_v2_tag_loads_in_memory_only(golden: Golden, tmp_path: Path) -> None:
     ("body", "match"),
     [
         (_sovits_like(symbols=322), "v1 SoVITS model"),
-        (_sovits_like({"cfm.proj.weight": torch.zeros(2)}), "v3/v4 SoVITS models are not supported"),
+        (_sovits_like({"cfm.proj.weight": torch.zeros(2)}),
+         "v3/v4 SoVITS models are not supported yet; use a v2, v2Pro or v2ProPlus model"),
         (_sovits_like({"sv_emb.weight": torch.zeros(2)}), r"has some v2Pro weights \(sv_emb.weight\) but lacks"),
-        ({**_sovits_like(), "lora_rank": 32}, "LoRA"),
+        ({**_sovits_like(), "lora_rank": 32},
+         "v3/v4 LoRA files are not supported yet; use a v2, v2Pro or v2ProPlus model"),
         (_gpt_like(), "GPT model .*not a SoVITS"),
     ],
 )

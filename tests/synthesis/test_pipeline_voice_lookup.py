@@ -35,8 +35,8 @@ async def test_the_voice_store_is_read_off_the_event_loop(synth: Any, voice: Any
     key = voice.id if by == "id" else voice.name
     chunks = [c async for c in synth.stream("Hi.", key, SynthesisParams(language="en", seed=1))]
     assert chunks and chunks[0].audio.size > 0
-    # by id: one get; by name: get misses (the name is no id), then find (which loads the voice with get)
-    assert [n for n, _ in seen] == (["get"] if by == "id" else ["get", "find", "get"])
+    # by id: one get; by name: get misses (the name is no id), then find
+    assert [n for n, _ in seen] == (["get"] if by == "id" else ["get", "find"])
     assert not any(on_loop for _, on_loop in seen), seen
     assert threading.current_thread() is threading.main_thread()  # (the test itself runs on the loop's thread)
 

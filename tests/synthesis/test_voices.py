@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,14 @@ def create(store: VoiceStore, name: str = "Alice", owner: int = 42, seed: int = 
 
 
 def files_under(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    """Every file and folder under ``root`` but the voice database (its rows are checked through the store, and
+    :func:`db_bytes` shows what its files hold)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.name.startswith(voices_mod.DB_FILE))
+
+
+def db_bytes(root: Path) -> bytes:
+    """The bytes of the voice database's files (database, WAL, shared memory)."""
+    return b"".join(p.read_bytes() for p in root.glob(f"{voices_mod.DB_FILE}*"))
 
 
 def test_create_get_roundtrip(tmp_path: Path) -> None:
@@ -54,7 +62,8 @@ def test_create_get_roundtrip(tmp_path: Path) -> None:
     v = create(store)
     assert (v.name, v.owner_id, v.version, v.language, v.model_id) == ("Alice", 42, 1, "en", "model-a")
     assert v.prompt_text == "Hello, this is my voice."
-    assert files_under(tmp_path / "voices") == [v.id, f"{v.id}/clip.flac", f"{v.id}/meta.json", f"{v.id}/prompt.npz"]
+    assert files_under(tmp_path / "voices") == [v.id, f"{v.id}/clip.flac", f"{v.id}/prompt.npz"]
+    assert (tmp_path / "voices" / voices_mod.DB_FILE).is_file()  # the metadata is a row of the database
     # a fresh store (a restart) loads it from disk, bit-exact, with no model anywhere
     again = VoiceStore(tmp_path / "voices").get(v.id)
     p, q = make_prompt(0), again.prompt
@@ -111,16 +120,18 @@ def test_delete_leaves_no_file_or_cache_entry(tmp_path: Path) -> None:
             cache.put_tokens(k, np.arange(50), v.id)
             cache.put_audio(cache.audio_key(k, 1.0, 0.5, 1), np.zeros(40_000, np.float32), v.id)
     removed = store.delete(gone.id)
-    assert (removed.voice_id, removed.name, removed.files) == (gone.id, "Gone", ["clip.flac", "meta.json", "prompt.npz"])
+    assert (removed.voice_id, removed.name, removed.files) == (gone.id, "Gone", ["clip.flac", "prompt.npz"])
     assert removed.cache_entries == 6 and removed.bytes > 100_000
-    assert files_under(tmp_path / "voices") == [kept.id, f"{kept.id}/clip.flac", f"{kept.id}/meta.json",
-                                               f"{kept.id}/prompt.npz"]
+    assert files_under(tmp_path / "voices") == [kept.id, f"{kept.id}/clip.flac", f"{kept.id}/prompt.npz"]
+    assert gone.id.encode() not in db_bytes(tmp_path / "voices")  # the row is overwritten, the WAL emptied
     s = cache.stats()
     assert s["prosody"]["entries"] == 3 and s["audio"]["entries"] == 3
     with pytest.raises(VoiceNotFound):
         store.get(gone.id)
     assert [r.voice_id for r in store.delete_owner(42)] == [kept.id]
     assert files_under(tmp_path / "voices") == []
+    leftover = db_bytes(tmp_path / "voices")
+    assert kept.id.encode() not in leftover and CONSENT.text.encode() not in leftover and b"Kept" not in leftover
     cache.close()
     # scan the whole data folder: only the two SQLite databases remain, with no entry of either voice
     leftover = [f for f in files_under(tmp_path / "cache") if not f.endswith(("cache.db", "cache.db-wal", "cache.db-shm"))]
@@ -145,7 +156,7 @@ def test_replace_bumps_version_and_invalidates(tmp_path: Path, monkeypatch: pyte
     assert cache.get_tokens(k) is None and cache.stats()["prosody"]["entries"] == 0
     meta = store.meta(v.id)
     assert store.get(v.id).version == 2 and meta["created"] < meta["updated"]  # the create's tick, the replace's
-    assert files_under(tmp_path / "voices") == [v.id, f"{v.id}/clip.flac", f"{v.id}/meta.json", f"{v.id}/prompt.npz"]
+    assert files_under(tmp_path / "voices") == [v.id, f"{v.id}/clip.flac", f"{v.id}/prompt.npz"]
     v3 = store.replace(v.id, make_prompt(3), reference=make_reference(5.0, seed=3))
     assert v3.version == 3 and store.load_clip(v.id).size == 5 * 32000
     cache.close()
@@ -154,10 +165,10 @@ def test_replace_bumps_version_and_invalidates(tmp_path: Path, monkeypatch: pyte
 def test_crash_mid_create_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = VoiceStore(tmp_path)
 
-    def crash(path: Path, data: object) -> None:  # the clip and prompt are written, then the process "dies"
+    def crash(path: Path, prompt: object, version: int) -> None:  # the clip is written, then the process "dies"
         raise KeyboardInterrupt("simulated crash")
 
-    monkeypatch.setattr(voices_mod, "_write_json", crash)
+    monkeypatch.setattr(voices_mod, "_write_prompt", crash)
     with pytest.raises(KeyboardInterrupt):
         create(store)
     assert files_under(tmp_path) == [] and store.list() == []
@@ -177,7 +188,7 @@ def test_hard_crash_leftovers_are_cleaned_at_startup(tmp_path: Path) -> None:
     assert store.list() == []  # nothing half-done is ever visible
     restarted = VoiceStore(tmp_path)
     assert [x.id for x in restarted.list()] == [v.id] and restarted.get(v.id).version == 1
-    assert files_under(tmp_path) == [v.id, f"{v.id}/clip.flac", f"{v.id}/meta.json", f"{v.id}/prompt.npz"]
+    assert files_under(tmp_path) == [v.id, f"{v.id}/clip.flac", f"{v.id}/prompt.npz"]
 
 
 def test_reference_free_voice_and_consent_required(tmp_path: Path) -> None:
@@ -194,7 +205,7 @@ def test_reference_free_voice_and_consent_required(tmp_path: Path) -> None:
     with pytest.raises(VoiceError, match="language must be one of"):
         store.create("BadLang", make_reference(), empty, owner_id=1, language="xx", prompt_text="", model_id="m",
                      consent=CONSENT)
-    assert json.loads((tmp_path / v.id / "meta.json").read_text())["prompt_text"] == ""
+    assert VoiceStore(tmp_path).meta(v.id)["prompt_text"] == ""
 
 
 def test_consent_given_as_a_mapping_keeps_its_fields(tmp_path: Path) -> None:
@@ -205,44 +216,49 @@ def test_consent_given_as_a_mapping_keeps_its_fields(tmp_path: Path) -> None:
                                            "guild_id": 9}
 
 
-def test_list_reads_the_metadata_again_only_when_a_voice_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_list_is_one_query_and_sees_another_process_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = VoiceStore(tmp_path / "voices")
     a = create(store, "Alice")
-    reads: list[str] = []
-    real_read = Path.read_text
+    loads: list[str] = []
+    real_load = np.load
 
-    def counted(self: Path, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if self.name == "meta.json":
-            reads.append(self.parent.name)
-        return real_read(self, *args, **kwargs)
+    def counted(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        loads.append(Path(path).parent.name)
+        return real_load(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_text", counted)
-    os.utime(tmp_path / "voices", ns=(1, 1))  # the folder's last change is long past (mtimes can be coarse)
-    assert [v.name for v in store.list()] == ["Alice"]
-    first = len(reads)
+    monkeypatch.setattr(voices_mod.np, "load", counted)
+    statements: list[str] = []
+    store._db().set_trace_callback(statements.append)
     assert [v.name for v in store.list()] == ["Alice"] and store.find("alice").id == a.id
-    assert len(reads) == first  # nothing changed: no meta.json read again
+    assert loads == []  # the prompt arrays of a version already read stay in memory: no file is read
+    assert [s.split()[0] for s in statements] == ["SELECT", "SELECT"]  # one query each
     other = VoiceStore(tmp_path / "voices")  # another process adds a voice
-    create(other, "Bob", owner=7, seed=1)
+    b = create(other, "Bob", owner=7, seed=1)
+    loads.clear()
     assert [v.name for v in store.list()] == ["Alice", "Bob"]  # seen at once
+    assert loads == [b.id]  # only the new voice's arrays are read
     other.delete(a.id)
     assert [v.name for v in store.list()] == ["Bob"]
+    other.replace(b.id, make_prompt(5), prompt_text="Changed elsewhere.")
+    (bob,) = store.list()
+    assert (bob.version, bob.prompt_text) == (2, "Changed elsewhere.")  # the new version, not the one in memory
+    np.testing.assert_array_equal(bob.prompt.prompt_tokens, make_prompt(5).prompt_tokens)
 
 
-# A writer in another process, stopped inside a create: its clip and prompt are written to a temporary folder, and it
-# waits for a line on stdin before writing meta.json and renaming the folder into place.
+# A writer in another process, stopped inside a create: its clip is written to a temporary folder, and it waits for a
+# line on stdin before writing the prompt and renaming the folder into place.
 _WRITER = """
 import sys
 from pathlib import Path
 from synthesis import voices as voices_mod
 from tests.synthesis.test_voices import create
 
-real = voices_mod._write_json
-def held(path, data):
+real = voices_mod._write_prompt
+def held(path, prompt, version):
     print("writing", flush=True)
     sys.stdin.readline()
-    real(path, data)
-voices_mod._write_json = held
+    real(path, prompt, version)
+voices_mod._write_prompt = held
 print(create(voices_mod.VoiceStore(Path(sys.argv[1]))).id, flush=True)
 """
 
@@ -290,3 +306,253 @@ def test_a_killed_writers_temporary_folder_is_removed_at_the_next_start(tmp_path
     proc.wait(30)
     assert len(_temp_folders(root)) == 1
     assert VoiceStore(root).list() == [] and files_under(root) == []
+
+
+# ---- the layout before the database: a meta.json per folder, imported at open ---------------------------------
+
+def write_old_layout(root: Path, name: str, owner: int, seed: int) -> str:
+    """A voice folder exactly as the store wrote it before the database: clip.flac, prompt.npz (no version) and
+    meta.json (schema 1)."""
+    voice_id = f"{seed:032x}"
+    folder = root / voice_id
+    folder.mkdir(parents=True)
+    voices_mod._write_clip(folder / "clip.flac", make_reference(seed=seed).wav32k)
+    p = make_prompt(seed)
+    np.savez_compressed(folder / "prompt.npz", prompt_tokens=p.prompt_tokens, ge=p.ge, prompt_phones=p.prompt_phones,
+                        prompt_bert=p.prompt_bert)
+    meta = {"schema": 1, "id": voice_id, "name": name, "owner_id": owner, "version": 3, "language": "en",
+            "prompt_text": f"Transcript {seed}.", "enrollment_prompt": None, "model_id": "model-old",
+            "created": "2025-05-01T10:00:00.000+00:00", "updated": "2025-06-01T10:00:00.000+00:00",
+            "consent": {"user_id": owner, "text": "I agree.", "at": "2025-05-01T10:00:00+00:00", "guild_id": 9},
+            "reference": {"duration_s": 4.0, "start_s": 1.0, "end_s": 5.0, "warnings": []}}
+    (folder / "meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=2, sort_keys=True), "utf-8")
+    return voice_id
+
+
+def test_voices_of_the_layout_before_the_database_are_imported_once(tmp_path: Path) -> None:
+    root = tmp_path / "voices"
+    ids = [write_old_layout(root, "Old One", 42, 1), write_old_layout(root, "Old Two", 7, 2)]
+    store = VoiceStore(root)
+    assert [(v.id, v.name, v.owner_id, v.version, v.prompt_text, v.model_id) for v in store.list()] == [
+        (ids[0], "Old One", 42, 3, "Transcript 1.", "model-old"), (ids[1], "Old Two", 7, 3, "Transcript 2.",
+                                                                    "model-old")]
+    np.testing.assert_array_equal(store.get(ids[1]).prompt.prompt_tokens, make_prompt(2).prompt_tokens)
+    meta = store.meta(ids[0])
+    assert meta["consent"] == {"user_id": 42, "text": "I agree.", "at": "2025-05-01T10:00:00+00:00", "guild_id": 9}
+    assert (meta["created"], meta["updated"]) == ("2025-05-01T10:00:00.000+00:00", "2025-06-01T10:00:00.000+00:00")
+    assert files_under(root) == sorted([*ids, *(f"{i}/{f}" for i in ids for f in ("clip.flac", "prompt.npz"))])
+    # the imported voices behave as any other: a replace, a new voice beside them, a delete; a restart keeps them
+    assert store.replace(ids[0], make_prompt(9), model_id="model-new").version == 4
+    with pytest.raises(VoiceError, match="already have a voice named"):
+        create(store, "old one")
+    store.delete(ids[1])
+    again = VoiceStore(root)
+    assert [(v.name, v.version) for v in again.list()] == [("Old One", 4)]
+
+
+def test_an_interrupted_import_finishes_at_the_next_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "voices"
+    voice_id = write_old_layout(root, "Old", 42, 1)
+    real_unlink = Path.unlink
+
+    def killed(self: Path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.name == "meta.json":  # the rows are committed, the meta.json files not yet removed
+            raise KeyboardInterrupt("killed")
+        return real_unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", killed)
+    with pytest.raises(KeyboardInterrupt):
+        VoiceStore(root)
+    monkeypatch.undo()
+    assert (root / voice_id / "meta.json").exists()
+    store = VoiceStore(root)  # imports again: the row is there already, one voice, and meta.json goes
+    assert [(v.id, v.version) for v in store.list()] == [(voice_id, 3)]
+    assert not (root / voice_id / "meta.json").exists()
+    assert [v.id for v in VoiceStore(root).list()] == [voice_id]
+
+
+def test_a_meta_json_that_cannot_be_imported_is_left_alone(tmp_path: Path) -> None:
+    root = tmp_path / "voices"
+    voice_id = write_old_layout(root, "Broken", 42, 1)
+    (root / voice_id / "meta.json").write_text("{not json", "utf-8")
+    assert VoiceStore(root).list() == []
+    assert (root / voice_id / "meta.json").read_text("utf-8") == "{not json"  # not deleted: someone can repair it
+
+
+# ---- rows against folders ------------------------------------------------------------------------------------------
+
+def test_start_up_removes_a_row_without_its_folder_and_a_folder_without_its_row(tmp_path: Path) -> None:
+    cache = SynthesisCache(tmp_path / "cache", 1 << 20, 1 << 20)
+    root = tmp_path / "voices"
+    store = VoiceStore(root, cache=cache)
+    no_folder, incomplete, orphan, whole = (create(store, n, seed=i) for i, n in enumerate(("A", "B", "C", "D")))
+    shutil.rmtree(root / no_folder.id)
+    (root / incomplete.id / "prompt.npz").unlink()
+    with store._transaction() as db:
+        db.execute("DELETE FROM voices WHERE id = ?", (orphan.id,))
+    for v in (no_folder, incomplete, orphan, whole):
+        cache.put_tokens(cache.prosody_key("model-a", v.id, 1, "hi", "en", SAMPLING), np.arange(5), v.id)
+    restarted = VoiceStore(root, cache=cache)
+    assert [v.id for v in restarted.list()] == [whole.id]
+    assert files_under(root) == [whole.id, f"{whole.id}/clip.flac", f"{whole.id}/prompt.npz"]
+    assert cache.stats()["prosody"]["entries"] == 1  # only the whole voice's
+    cache.close()
+
+
+# ---- a process killed between any two steps: what the next start-up leaves ----------------------------------------
+
+_KILLED = """
+import os, shutil, signal, sys
+from pathlib import Path
+from synthesis import voices as voices_mod
+from tests.synthesis.test_voices import create, make_prompt
+
+root, op, step = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+voice_id = sys.argv[4] if len(sys.argv) > 4 else None
+
+
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+real_rename = voices_mod.os.rename
+moving = {"create": ".tmp-", "replace": ".tmp-", "delete": ".trash-"}[op]  # the rename the step is about
+
+
+def rename(src, dst):
+    if moving in str(src) + str(dst) and step == "before rename":
+        die()
+    real_rename(src, dst)
+    if moving in str(src) + str(dst) and step == "after rename":
+        die()
+
+
+voices_mod.os.rename = rename
+store = voices_mod.VoiceStore(root)
+if step == "after commit":  # the transaction committed, what follows it not done
+    if op == "create":
+        store.get = die
+    elif op == "replace":
+        real_rmtree = shutil.rmtree
+        voices_mod.shutil.rmtree = lambda p, *a, **k: die() if ".old-" in str(p) else real_rmtree(p, *a, **k)
+    else:
+        store._checkpoint = die
+if op == "create":
+    create(store)
+elif op == "replace":
+    store.replace(voice_id, make_prompt(7), prompt_text="The second version.")
+else:
+    store.delete(voice_id)
+print("finished without being killed")
+"""
+
+
+def _killed_at(root: Path, op: str, step: str, voice_id: str | None = None) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _KILLED, str(root), op, step, *([voice_id] if voice_id else [])],
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], timeout=120)
+    assert r.returncode == -signal.SIGKILL, (r.returncode, r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize(("step", "kept"), [("before rename", False),  # the row inserted, not committed
+                                             ("after rename", False),  # the folder in place, the row not committed
+                                             ("after commit", True)])
+def test_a_create_killed_at_any_step_is_whole_or_gone(tmp_path: Path, step: str, kept: bool) -> None:
+    root = tmp_path / "voices"
+    _killed_at(root, "create", step)
+    store = VoiceStore(root)
+    if kept:
+        (v,) = store.list()
+        assert (v.name, v.version) == ("Alice", 1) and store.meta(v.id)["consent"]["text"] == CONSENT.text
+        assert files_under(root) == [v.id, f"{v.id}/clip.flac", f"{v.id}/prompt.npz"]
+    else:
+        assert store.list() == [] and files_under(root) == []
+    create(store, "Again")  # either way the store works on
+
+
+@pytest.mark.parametrize(("step", "version"), [("before rename", 1),  # the old folder out, the new one not in
+                                                ("after rename", 1),  # the new folder in, the row not committed
+                                                ("after commit", 2)])  # committed, the old folder not removed
+def test_a_replace_killed_at_any_step_keeps_one_whole_version(tmp_path: Path, step: str, version: int) -> None:
+    root = tmp_path / "voices"
+    v = create(VoiceStore(root))
+    _killed_at(root, "replace", step, v.id)
+    store = VoiceStore(root)
+    (again,) = store.list()
+    assert again.version == version
+    assert again.prompt_text == ("Hello, this is my voice." if version == 1 else "The second version.")
+    np.testing.assert_array_equal(again.prompt.prompt_tokens, make_prompt(0 if version == 1 else 7).prompt_tokens)
+    assert files_under(root) == [v.id, f"{v.id}/clip.flac", f"{v.id}/prompt.npz"]
+
+
+@pytest.mark.parametrize(("step", "kept"), [("before rename", True),  # nothing done yet
+                                             ("after rename", False),  # out of sight, the row still there
+                                             ("after commit", False)])  # the row gone, the trash folder left
+def test_a_delete_killed_at_any_step_is_whole_or_finished(tmp_path: Path, step: str, kept: bool) -> None:
+    root = tmp_path / "voices"
+    v = create(VoiceStore(root))
+    _killed_at(root, "delete", step, v.id)
+    store = VoiceStore(root)
+    assert [x.id for x in store.list()] == ([v.id] if kept else [])
+    assert files_under(root) == ([v.id, f"{v.id}/clip.flac", f"{v.id}/prompt.npz"] if kept else [])
+    if not kept:
+        assert v.id.encode() not in db_bytes(root) and CONSENT.text.encode() not in db_bytes(root)
+
+
+def test_a_database_of_a_newer_program_is_refused_with_the_fix(tmp_path: Path) -> None:
+    import sqlite3
+
+    VoiceStore(tmp_path).close()
+    conn = sqlite3.connect(tmp_path / voices_mod.DB_FILE)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(VoiceError, match="schema version 99, newer than this program .*upgrade voicebot"):
+        VoiceStore(tmp_path)
+
+
+def test_a_read_during_another_processes_replace_waits_for_its_commit(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    root = tmp_path / "voices"
+    store = VoiceStore(root)
+    v = create(store)
+    other = VoiceStore(root)  # another process's store (its own connections)
+    swapped, go = threading.Event(), threading.Event()
+    real_rename = os.rename
+
+    def paused(src, dst):  # type: ignore[no-untyped-def]
+        real_rename(src, dst)
+        if voices_mod.OLD_PREFIX in str(dst):  # the live folder is out, the new one not in yet
+            swapped.set()
+            go.wait(10)
+
+    monkeypatch.setattr(voices_mod.os, "rename", paused)
+    writer = threading.Thread(target=other.replace, args=(v.id, make_prompt(4)), kwargs={"prompt_text": "Two."})
+    writer.start()
+    assert swapped.wait(10)
+    threading.Timer(0.2, go.set).start()
+    got = store.get(v.id)  # neither "no such voice" nor the new arrays under the old row: the new version
+    writer.join(10)
+    assert (got.version, got.prompt_text) == (2, "Two.")
+    np.testing.assert_array_equal(got.prompt.prompt_tokens, make_prompt(4).prompt_tokens)
+
+
+def test_a_folder_without_its_row_is_deleted_by_a_delete_too(tmp_path: Path) -> None:
+    """A create cut short between its rename and its commit, while another process kept start-up from reconciling:
+    deleting the id (the bot's journal undoing that create) removes the folder and its cache entries."""
+    cache = SynthesisCache(tmp_path / "cache", 1 << 20, 1 << 20)
+    store = VoiceStore(tmp_path / "voices", cache=cache)
+    v = create(store)
+    with store._transaction() as db:
+        db.execute("DELETE FROM voices WHERE id = ?", (v.id,))
+    cache.put_tokens(cache.prosody_key("model-a", v.id, 1, "hi", "en", SAMPLING), np.arange(5), v.id)
+    removed = store.delete(v.id)
+    assert (removed.name, removed.files, removed.cache_entries) == ("", ["clip.flac", "prompt.npz"], 1)
+    assert files_under(tmp_path / "voices") == []
+    with pytest.raises(VoiceNotFound, match="no voice with id"):
+        store.delete(v.id)
+    cache.close()
