@@ -53,7 +53,15 @@ class LocalCluster:
         return subprocess.Popen([str(RAY), *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def start(self) -> LocalCluster:
-        """Start the head, then the workers; a worker that did not come up is started once more."""
+        """Start the head, then the workers; a worker that did not come up is started once more. On any failure
+        what was started is stopped."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> LocalCluster:
         store = f"--object-store-memory={OBJECT_STORE_BYTES}"
         _wait(self._ray("start", "--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=false",
                         "--disable-usage-stats", store))

@@ -209,6 +209,16 @@ async def test_streamed_text_is_spoken_sentence_by_sentence_in_order(remote, loc
         assert np.array_equal(audio, solo)
 
 
+async def test_a_client_attaches_from_inside_a_running_event_loop(config, remote, alice):
+    """`serve` builds its synthesizer inside its event loop, where Serve refuses blocking calls."""
+    again = build_synthesizer(config)  # the application runs: this attaches to it
+    try:
+        audio, served = await run(again, "Attached from a loop.", alice.id)
+        assert served is not None and len(audio) >= 1
+    finally:
+        await again.close()
+
+
 async def test_a_killed_replica_fails_only_its_request_and_the_next_one_succeeds(remote, local, alice):
     import os
     import signal
@@ -230,12 +240,3 @@ async def test_a_killed_replica_fails_only_its_request_and_the_next_one_succeeds
     assert served.pid != doomed.served.pid and same(after, solo)
     assert remote.metrics()["replica_failures"] >= 1
 
-
-async def test_a_client_attaches_from_inside_a_running_event_loop(config, remote, alice):
-    """`serve` builds its synthesizer inside its event loop, where Serve refuses blocking calls."""
-    again = build_synthesizer(config)  # the application runs: this attaches to it
-    try:
-        audio, served = await run(again, "Attached from a loop.", alice.id)
-        assert served is not None and len(audio) >= 1
-    finally:
-        await again.close()
