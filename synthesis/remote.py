@@ -146,10 +146,14 @@ class SynthesisReplica:
 
     async def __del__(self) -> None:
         """Serve's shutdown of this replica (scale-down, redeploy), after its requests are done: stop reporting, say
-        goodbye in the state folder, close the synthesizer."""
-        self._reporter.cancel()
-        self._report_file.unlink(missing_ok=True)
-        await self.synth.close()
+        goodbye in the state folder, close the synthesizer. Also called when ``__init__`` failed part way (a model
+        missing): only what was made is undone."""
+        done: dict[str, Any] = vars(self)
+        if "_reporter" in done:
+            self._reporter.cancel()
+            self._report_file.unlink(missing_ok=True)
+        if "synth" in done:
+            await self.synth.close()
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose device worker died is restarted."""

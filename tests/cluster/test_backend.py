@@ -60,3 +60,11 @@ def test_autoscaling_keys_reach_serves_autoscaler_and_bad_values_are_one_line():
         with pytest.raises(ConfigError) as e:
             config_from_dict({"ray": {key: value}})
         assert str(e.value) == message
+
+
+@pytest.mark.filterwarnings("ignore:coroutine 'SynthesisReplica.__del__' was never awaited")  # Python's own, at GC
+async def test_a_replica_whose_start_failed_shuts_down_without_a_second_error():
+    from synthesis.remote import SynthesisReplica
+
+    replica = SynthesisReplica.__new__(SynthesisReplica)  # as Serve holds it when __init__ raised (a model missing)
+    await replica.__del__()  # Serve's graceful shutdown of it: nothing was made, nothing to undo
