@@ -92,31 +92,38 @@ test-avx2: venv
 		-o timeout=1800 2>&1 | grep -v "^qemu-x86_64: warning: TCG"; exit $${PIPESTATUS[0]}
 
 # A local multi-node Ray cluster on this machine (a head with no CPUs and CLUSTER_WORKERS worker nodes of CLUSTER_CPUS
-# CPUs each, every node its own `ray start`), the synthesis replicas on it (one per worker node with the default
-# ray.cpus_per_replica: 1) and the HTTP API in front of them, until Ctrl-C; then every Ray process of this machine is
-# stopped. CONFIG is used as it is, with synthesis.backend: ray and ray.address/num_replicas set for this cluster
-# (written to a temporary .voicebot-cluster.yaml beside it). README "Cluster" has the same on real machines.
+# CPUs each, every node its own `ray start`, as tests/cluster/local.py starts them for the tests), the synthesis
+# replicas on it (one per worker node with the default ray.cpus_per_replica: 1) and the HTTP API of CONFIG in front of
+# them (synthesis.backend: ray and ray.address/num_replicas set for this cluster, in a temporary
+# .voicebot-cluster.yaml beside CONFIG), until Ctrl-C or `make cluster-stop`; then the API and this cluster's Ray
+# processes are stopped (other Ray clusters on the machine are left alone). README "Cluster" has the same on real
+# machines.
 CLUSTER_WORKERS ?= 2
 CLUSTER_CPUS ?= 1
 CLUSTER_PORT ?= 6380
 CLUSTER_CONFIG = $(dir $(CONFIG)).voicebot-cluster.yaml
+CLUSTER_PID = $(dir $(CONFIG)).voicebot-cluster.pid
 cluster: venv
 	$(BIN)/python -m bot --config $(CONFIG) models download
-	RAY_USAGE_STATS_ENABLED=0 $(BIN)/ray start --head --port=$(CLUSTER_PORT) --num-cpus=0 --include-dashboard=false \
-		--disable-usage-stats
-	@# one after another: on a loaded machine raylets started side by side miss Ray's 30 s start-up wait
-	@for i in $$(seq $(CLUSTER_WORKERS)); do \
-		PYTHONPATH=$(CURDIR) $(BIN)/ray start --address=127.0.0.1:$(CLUSTER_PORT) --num-cpus=$(CLUSTER_CPUS) \
-		|| { $(BIN)/ray stop; exit 1; }; done
+	$(BIN)/python -m tests.cluster.local start --port $(CLUSTER_PORT) --workers $(CLUSTER_WORKERS) --cpus $(CLUSTER_CPUS)
 	$(BIN)/python -c 'import sys, yaml; c = yaml.safe_load(open(sys.argv[1])) or {}; \
 		c.setdefault("synthesis", {})["backend"] = "ray"; \
 		c.setdefault("ray", {}).update(address=sys.argv[3], num_replicas=int(sys.argv[4])); \
 		yaml.safe_dump(c, open(sys.argv[2], "w"), sort_keys=False)' \
-		$(CONFIG) $(CLUSTER_CONFIG) 127.0.0.1:$(CLUSTER_PORT) $(CLUSTER_WORKERS)
-	trap '$(BIN)/ray stop; rm -f $(CLUSTER_CONFIG)' EXIT; $(BIN)/python -m bot --config $(CLUSTER_CONFIG) serve
+		$(CONFIG) $(CLUSTER_CONFIG) 127.0.0.1:$(CLUSTER_PORT) $(CLUSTER_WORKERS) \
+		|| { $(BIN)/python -m tests.cluster.local stop --port $(CLUSTER_PORT); exit 1; }
+	@# the API runs in the background so that both Ctrl-C here and `make cluster-stop` (which ends it by its pid
+	@# file) lead to the EXIT trap: stop the API, then the cluster
+	@trap '[ -n "$$api" ] && kill $$api 2>/dev/null; wait $$api 2>/dev/null; \
+		$(BIN)/python -m tests.cluster.local stop --port $(CLUSTER_PORT); rm -f $(CLUSTER_CONFIG) $(CLUSTER_PID)' EXIT; \
+	trap 'exit 130' INT TERM; \
+	$(BIN)/python -m bot --config $(CLUSTER_CONFIG) serve & api=$$!; echo $$api > $(CLUSTER_PID); wait $$api
 
 cluster-stop: venv
-	$(BIN)/ray stop
+	@# the API first (it closes its client while the cluster still runs), then the cluster
+	@if [ -f $(CLUSTER_PID) ]; then pid=$$(cat $(CLUSTER_PID)); kill $$pid 2>/dev/null; \
+		for i in $$(seq 150); do kill -0 $$pid 2>/dev/null || break; sleep 0.2; done; fi
+	$(BIN)/python -m tests.cluster.local stop --port $(CLUSTER_PORT)
 
 bench: venv
 	$(BIN)/python -m bot --config $(CONFIG) bench

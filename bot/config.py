@@ -176,6 +176,10 @@ class RayConfig:
     min_replicas: int = _CLUSTER.min_replicas
     max_replicas: int = _CLUSTER.max_replicas
     target_queue: float = _CLUSTER.target_queue
+    upscale_delay_s: float = _CLUSTER.upscale_delay_s
+    downscale_delay_s: float = _CLUSTER.downscale_delay_s
+    scale_window_s: float = _CLUSTER.scale_window_s
+    drain_timeout_s: float = _CLUSTER.drain_timeout_s
     cpus_per_replica: float = _CLUSTER.cpus_per_replica
     gpus_per_replica: float = _CLUSTER.gpus_per_replica
     max_queued_requests: int = _CLUSTER.max_queued_requests

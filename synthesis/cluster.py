@@ -18,6 +18,10 @@ class ClusterOptions:
     min_replicas: int = 1
     max_replicas: int = 3
     target_queue: float = 8.0  # requests per replica (running + waiting) the autoscaler aims at
+    upscale_delay_s: float = 30.0  # the load must be above target this long before a replica is added
+    downscale_delay_s: float = 600.0  # ...and below it this long before one is removed
+    scale_window_s: float = 30.0  # the queue depth the autoscaler follows is averaged over this window
+    drain_timeout_s: float = 300.0  # a replica being removed finishes its requests for at most this long
     cpus_per_replica: float = 1.0  # Ray CPUs reserved per replica (and its engine threads when engine.threads: 0)
     gpus_per_replica: float = 0.0  # Ray GPUs per replica (1: one replica per GPU)
     max_queued_requests: int = 64  # requests waiting at one client for a free replica slot; one more is busy
@@ -34,9 +38,10 @@ class ClusterOptions:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         if self.max_replicas < self.min_replicas:
             raise ValueError(f"max_replicas must be >= min_replicas ({self.min_replicas}), got {self.max_replicas}")
-        for name, lo in (("target_queue", 0.0), ("cpus_per_replica", 0.0), ("ready_timeout_s", 0.0)):
-            _check_number(name, getattr(self, name), lo, above=True)
-        _check_number("gpus_per_replica", self.gpus_per_replica, 0.0, above=False)
+        for name in ("target_queue", "cpus_per_replica", "ready_timeout_s", "scale_window_s"):
+            _check_number(name, getattr(self, name), 0.0, above=True)
+        for name in ("gpus_per_replica", "upscale_delay_s", "downscale_delay_s", "drain_timeout_s"):
+            _check_number(name, getattr(self, name), 0.0, above=False)
 
     @property
     def capacity_replicas(self) -> int:

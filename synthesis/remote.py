@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import importlib
 import json
@@ -37,6 +38,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Sequence
@@ -60,6 +62,8 @@ DEPLOYMENT = "synthesis"  # the Serve deployment's name inside the application
 REPORT_S = 1.0  # how often a replica writes its state file
 STALE_S = 5.0  # a state file older than this: the replica is not reporting (dead, or stuck)
 FORGET_S = 300.0  # a state file older than this is removed (a replica that died without its goodbye)
+DRAIN_POLL_S = 0.5  # a replica being removed checks this often whether its last request has finished
+METRICS_PUSH_S = 10.0  # autoscaling: how often a client reports its requests in flight (at most; Serve's default)
 LOOKAHEAD = 2  # streamed text: sentences requested ahead of the one being yielded
 INSTALL_HINT = "Ray Serve is not installed: pip install 'voicebot[cluster]' (or set synthesis.backend: local)"
 Progress = Callable[[str, float], None]
@@ -138,10 +142,14 @@ class SynthesisReplica:
 
     async def __del__(self) -> None:
         """Serve's shutdown of this replica (scale-down, redeploy), after its requests are done: stop reporting, say
-        goodbye in the state folder, close the synthesizer."""
-        self._reporter.cancel()
-        self._report_file.unlink(missing_ok=True)
-        await self.synth.close()
+        goodbye in the state folder, close the synthesizer. Also called when ``__init__`` failed part way (a model
+        missing): only what was made is undone."""
+        done: dict[str, Any] = vars(self)
+        if "_reporter" in done:
+            self._reporter.cancel()
+            self._report_file.unlink(missing_ok=True)
+        if "synth" in done:
+            await self.synth.close()
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose device worker died is restarted."""
@@ -192,23 +200,38 @@ def connect_cluster(build: Callable[[], Synthesizer], options: ClusterOptions, *
         log.info("attached to the running synthesis application %r", options.app_name)
     else:
         serve.start(proxy_location="Disabled")
-        scale: dict[str, Any] = (
-            {"autoscaling_config": {"min_replicas": options.min_replicas, "max_replicas": options.max_replicas,
-                                    "initial_replicas": options.min_replicas,
-                                    "target_ongoing_requests": options.target_queue}}
-            if options.autoscaling else {"num_replicas": options.num_replicas})
+        scale = ({"autoscaling_config": _autoscaling(options)} if options.autoscaling
+                 else {"num_replicas": options.num_replicas})
+        # metrics_interval_s is deprecated in favour of environment variables that this Serve does not read yet
+        warnings.filterwarnings("ignore", message="The `metrics_interval_s` field", category=DeprecationWarning)
         deployment = serve.deployment(
             SynthesisReplica, name=DEPLOYMENT,
             ray_actor_options={"num_cpus": options.cpus_per_replica, "num_gpus": options.gpus_per_replica},
             max_ongoing_requests=limits.queue_size, max_queued_requests=options.max_queued_requests,
-            health_check_period_s=5.0, **scale)
+            health_check_period_s=5.0, graceful_shutdown_timeout_s=options.drain_timeout_s,
+            graceful_shutdown_wait_loop_s=DRAIN_POLL_S, **scale)
         log.info("deploying the synthesis application %r (%s)", options.app_name,
                  scale.get("num_replicas", "autoscaling"))
         handle = _run_bounded(lambda: serve.run(deployment.bind(build, str(report_dir)), name=options.app_name,
                                                 route_prefix=None), options)
-    info = handle.options(method_name="info").remote().result(timeout_s=options.ready_timeout_s)
+    # a blocking call, made on a thread of its own: Serve refuses one from a thread that runs an event loop (`serve`
+    # connects from inside its loop)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="voicebot-connect") as pool:
+        info = pool.submit(lambda: handle.options(method_name="info").remote().result(
+            timeout_s=options.ready_timeout_s)).result()
     return RemoteSynthesizer(handle, info, options, voices=voices, cache=cache, defaults=defaults, limits=limits,
                              report_dir=report_dir)
+
+
+def _autoscaling(options: ClusterOptions) -> dict[str, Any]:
+    """Serve's autoscaling config: follow the requests per replica (running + queued, as every client's handle
+    reports them) between min and max replicas."""
+    return {"min_replicas": options.min_replicas, "max_replicas": options.max_replicas,
+            "initial_replicas": options.min_replicas, "target_ongoing_requests": options.target_queue,
+            "upscale_delay_s": options.upscale_delay_s, "downscale_delay_s": options.downscale_delay_s,
+            "look_back_period_s": options.scale_window_s,
+            # how often the handles report their load: Serve's 10 s default would leave a short window empty
+            "metrics_interval_s": min(METRICS_PUSH_S, options.scale_window_s / 4)}
 
 
 def _run_bounded(run: Callable[[], Any], options: ClusterOptions) -> Any:
@@ -351,7 +374,7 @@ class RemoteSynthesizer:
             raise self._translate(e, served) from None
         finally:
             if not finished:
-                response.cancel()  # the caller went away (or it failed): stop the replica's work
+                _cancel(response)  # the caller went away (or it failed): stop the replica's work
 
     async def _pieces(self, pieces: AsyncIterator[str], voice: Voice | str, params: SynthesisParams | None,
                       deadline: float | None, on_served: Callable[[Served], None]) -> AsyncIterator[AudioChunk]:
@@ -474,6 +497,8 @@ class RemoteSynthesizer:
     async def close(self) -> None:
         """Stop this client's background work; the replicas keep running for the other clients."""
         await self.voicing.stop_precompute()
+        # the handle's router reports this client's load to the autoscaler in the background until it is shut down
+        await self._handle.shutdown_async()
         self.cache.close()
 
 
@@ -573,6 +598,15 @@ class _Admitted:
 
     def __del__(self) -> None:
         self._give_back()
+
+
+def _cancel(response: Any) -> None:
+    """Cancel a Serve request. One that never reached a replica (refused by Serve's queue bound, or the deployment
+    gone) re-raises its failure from ``cancel``: that failure is already the caller's, so it is not raised again."""
+    try:
+        response.cancel()
+    except Exception:  # noqa: BLE001 - see above
+        log.debug("cancelling a request that never reached a replica", exc_info=True)
 
 
 async def _refused(error: BaseException) -> AsyncIterator[AudioChunk]:

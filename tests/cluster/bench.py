@@ -5,8 +5,9 @@ and the remote path's overhead against a local synthesizer on the same models.
 
 ``DIR`` holds a model set and its ``config.yaml`` (``python -m bot models make-tiny DIR`` writes a tiny one; for real
 figures, a folder with the downloaded models and a config.yaml naming them). The cluster has as many worker nodes
-as the largest replica count, ``--cpus`` CPUs each; every Ray process of the machine is stopped at the end.
-Prints one JSON object. Measurements:
+as the largest replica count, ``--cpus`` CPUs each; its processes are stopped at the end. Prints one JSON object.
+Every request's text is distinct (no cache hit), and the local reference runs on as many engine threads as a
+replica. Measurements:
 
 * ``overhead``: one request at a time, the same texts, local then remote: median first-chunk latency and median
   gap between chunks of each, and their differences;
@@ -25,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from tests.audio_samples import speech_like_wav
 
 CONSENT = {"user_id": 1, "text": "benchmark voice, my own"}
 PARAMS = SynthesisParams(seed=11, language="en")
+WARM_UP = "Warm up first. A second sentence, like the measured ones."  # each side once before measuring
 
 
 def texts(n: int, tag: str) -> list[str]:
@@ -66,9 +69,10 @@ async def overhead(local: Any, remote: Any, voice: str, n: int) -> dict[str, flo
     return out
 
 
-async def throughput(remote: Any, voice: str, requests: int, concurrency: int) -> dict[str, float]:
-    """``requests`` requests, ``concurrency`` in flight at a time: speech per second, requests per second, TTFA."""
-    todo = texts(requests, f"load-{concurrency}")
+async def throughput(remote: Any, voice: str, requests: int, concurrency: int, tag: str = "load") -> dict[str, float]:
+    """``requests`` requests, ``concurrency`` in flight at a time: speech per second, requests per second, TTFA.
+    ``tag`` makes the texts distinct from other runs' on the same caches (a cache hit would not be measured)."""
+    todo = texts(requests, f"{tag}-{concurrency}")
     ttfa: list[float] = []
     audio = 0.0
 
@@ -90,7 +94,6 @@ async def throughput(remote: Any, voice: str, requests: int, concurrency: int) -
 
 def main(argv: list[str] | None = None) -> int:
     from bot.config import load_config
-    from bot.services import build_local_synthesizer, build_synthesizer
     from tests.cluster.local import LocalCluster
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -108,39 +111,54 @@ def main(argv: list[str] | None = None) -> int:
                                cache=dataclasses.replace(base.cache, dir=data / "cache"))
     report: dict[str, Any] = {"replicas": {}}
     with LocalCluster(workers=max(counts), cpus=args.cpus) as cluster:
-        import ray
-        from ray import serve
-
-        local = build_local_synthesizer(dataclasses.replace(
-            base, cache=dataclasses.replace(base.cache, dir=data / "local-cache")))
-        voice = ""
-        for n in counts:
-            cfg = dataclasses.replace(
-                base, synthesis=dataclasses.replace(base.synthesis, backend="ray"),
-                ray=dataclasses.replace(base.ray, address=cluster.address, num_replicas=n,
-                                        cpus_per_replica=args.cpus, app_name=f"voicebot-bench-{n}"))
-            remote = build_synthesizer(cfg)
-
-            async def measure() -> None:
-                nonlocal voice
-                if not voice:
-                    v, _ = await remote.voicing.create("bench", speech_like_wav(), "bench.wav", consent=CONSENT,
-                                                       transcript="Hello, this is my voice.", language="en")
-                    voice = v.id
-                    await timed(local, "Warm up.", voice)
-                await timed(remote, "Warm up.", voice)
-                if n == counts[0]:
-                    report["overhead"] = await overhead(local, remote, voice, args.overhead_requests)
-                report["replicas"][str(n)] = await throughput(remote, voice, args.requests, args.concurrency)
-
-            asyncio.run(measure())
-            asyncio.run(remote.close())
-            serve.delete(f"voicebot-bench-{n}")
-        asyncio.run(local.close())
-        ray.shutdown()
+        try:
+            _measure(cluster, base, data, counts, args, report)
+        except BaseException:
+            traceback.print_exc()  # now: Ray's own hook would first wait a minute for the cluster stopped below
+            raise
     json.dump(report, sys.stdout, indent=2)
     print()
     return 0
+
+
+def _measure(cluster: Any, base: Any, data: Path, counts: list[int], args: argparse.Namespace,
+             report: dict[str, Any]) -> None:
+    from bot.services import build_local_synthesizer, build_synthesizer
+
+    import ray
+    from ray import serve
+
+    # the reference runs on as many engine threads as a replica (engine.threads: 0 is a replica's CPUs there)
+    threads = base.engine.threads or max(1, int(args.cpus))
+    local = build_local_synthesizer(dataclasses.replace(
+        base, engine=dataclasses.replace(base.engine, threads=threads),
+        cache=dataclasses.replace(base.cache, dir=data / "local-cache")))
+    voice = ""
+    for n in counts:
+        cfg = dataclasses.replace(
+            base, synthesis=dataclasses.replace(base.synthesis, backend="ray"),
+            ray=dataclasses.replace(base.ray, address=cluster.address, num_replicas=n,
+                                    cpus_per_replica=args.cpus, app_name=f"voicebot-bench-{n}"))
+        remote = build_synthesizer(cfg)
+
+        async def measure() -> None:
+            nonlocal voice
+            if not voice:
+                v, _ = await remote.voicing.create("bench", speech_like_wav(), "bench.wav", consent=CONSENT,
+                                                   transcript="Hello, this is my voice.", language="en")
+                voice = v.id
+                await timed(local, WARM_UP, voice)
+            await timed(remote, WARM_UP, voice)
+            if n == counts[0]:
+                report["overhead"] = await overhead(local, remote, voice, args.overhead_requests)
+            report["replicas"][str(n)] = await throughput(remote, voice, args.requests, args.concurrency,
+                                                          f"load-{n}-replicas")
+
+        asyncio.run(measure())
+        asyncio.run(remote.close())
+        serve.delete(f"voicebot-bench-{n}")
+    asyncio.run(local.close())
+    ray.shutdown()
 
 
 if __name__ == "__main__":

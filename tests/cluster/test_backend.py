@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bot.config import config_from_dict
+from bot.config import ConfigError, config_from_dict
 from bot.services import build_synthesizer
 from synthesis import ClusterOptions, SpeechError, Synthesizer
 
@@ -38,3 +38,33 @@ def test_ray_options_reach_the_cluster_options():
                                      gpus_per_replica=1.0)
     assert options.capacity_replicas == 5
     assert config_from_dict({}).ray.options == ClusterOptions()
+
+
+def test_autoscaling_keys_reach_serves_autoscaler_and_bad_values_are_one_line():
+    from synthesis.remote import _autoscaling
+
+    cfg = config_from_dict({"ray": {"autoscaling": True, "min_replicas": 1, "max_replicas": 4, "target_queue": 3,
+                                    "upscale_delay_s": 2, "downscale_delay_s": 45, "scale_window_s": 10,
+                                    "drain_timeout_s": 90}})
+    assert cfg.ray.options.drain_timeout_s == 90.0
+    assert _autoscaling(cfg.ray.options) == {
+        "min_replicas": 1, "max_replicas": 4, "initial_replicas": 1, "target_ongoing_requests": 3.0,
+        "upscale_delay_s": 2.0, "downscale_delay_s": 45.0, "look_back_period_s": 10.0, "metrics_interval_s": 2.5}
+    assert _autoscaling(config_from_dict({}).ray.options)["metrics_interval_s"] == 7.5  # a 30 s window
+    for key, value, message in [
+        ("upscale_delay_s", -1, "ray.upscale_delay_s must be a finite number >= 0, got -1.0"),
+        ("downscale_delay_s", float("nan"), "ray.downscale_delay_s must be a finite number >= 0, got nan"),
+        ("scale_window_s", 0, "ray.scale_window_s must be a finite number above 0, got 0.0"),
+        ("drain_timeout_s", "long", "config key ray.drain_timeout_s: expected a number, got 'long'"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            config_from_dict({"ray": {key: value}})
+        assert str(e.value) == message
+
+
+@pytest.mark.filterwarnings("ignore:coroutine 'SynthesisReplica.__del__' was never awaited")  # Python's own, at GC
+async def test_a_replica_whose_start_failed_shuts_down_without_a_second_error():
+    from synthesis.remote import SynthesisReplica
+
+    replica = SynthesisReplica.__new__(SynthesisReplica)  # as Serve holds it when __init__ raised (a model missing)
+    await replica.__del__()  # Serve's graceful shutdown of it: nothing was made, nothing to undo

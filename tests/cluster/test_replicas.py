@@ -2,8 +2,8 @@
 
 The tiny models of tests/conftest.py, engine threads 1 (so a replica and a local run compute alike), 2 requests per
 replica (``synthesis.queue_size``), 4 requests waiting in Serve's queue (Serve counts a request that is being routed
-as queued too, so a smaller queue would refuse some of 4 requests sent at once to free replicas). One cluster and one deployment for the whole
-module; the test that kills a replica runs last.
+as queued too, so a smaller queue would refuse some of 4 requests sent at once to free replicas). One deployment
+for the whole module (on the cluster of tests/cluster/conftest.py); the test that kills a replica runs last.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="ray[serve] is not installed: pip install 'voicebot[cluster]'")
 
-from bot.services import build_local_synthesizer, build_synthesizer  # noqa: E402
+from bot.services import build_synthesizer  # noqa: E402
 from synthesis import BusyError, EngineError, SynthesisParams, VoiceNotFound  # noqa: E402
 from tests.audio_samples import speech_like_wav  # noqa: E402
-from tests.cluster.local import LocalCluster  # noqa: E402
+from tests.cluster.apps import close_remote, cluster_config, local_twin  # noqa: E402
 
 # the cluster and the replicas start once for the module, inside the first test's time (minutes on a loaded 2-core
 # machine: each replica imports torch and loads and warms up its engine)
@@ -31,52 +31,25 @@ PARAMS = SynthesisParams(seed=7, language="en")
 # a request that is still speaking whatever the machine's load: ~47,000 characters, a minute or more of the tiny
 # model's work on one CPU, where the tests need it in flight for a second or two (they close it themselves)
 LONG = " ".join(f"This is sentence number {i} of a long reading." for i in range(1000))
-MAX_TEXT_CHARS = 60_000
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(workers=2, cpus=1)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")
 def config(tiny_models, tmp_path_factory, cluster):
-    from bot.config import load_config
-
-    data = tmp_path_factory.mktemp("cluster-data")
-    cfg = load_config(tiny_models / "config.yaml")
-    return dataclasses.replace(
-        cfg,
-        engine=dataclasses.replace(cfg.engine, threads=1),
-        voices=dataclasses.replace(cfg.voices, dir=data / "voices"),
-        cache=dataclasses.replace(cfg.cache, dir=data / "cache"),
-        synthesis=dataclasses.replace(cfg.synthesis, backend="ray", queue_size=2, max_text_chars=MAX_TEXT_CHARS),
-        ray=dataclasses.replace(cfg.ray, address=cluster.address, num_replicas=2, cpus_per_replica=1.0,
-                                max_queued_requests=4, app_name="voicebot-test"),
-    )
+    return cluster_config(tiny_models, tmp_path_factory.mktemp("cluster-data"), cluster, num_replicas=2,
+                          max_queued_requests=4, app_name="voicebot-test")
 
 
 @pytest.fixture(scope="module")
 def remote(config):
-    import ray
-
     synth = build_synthesizer(config)
     yield synth
-    asyncio.run(synth.close())
-    ray.shutdown()
+    close_remote(synth, config.ray.app_name)
 
 
 @pytest.fixture(scope="module")
 def local(config):
     """The same models and voices in this process, with caches of its own: the reference for every output."""
-    cfg = dataclasses.replace(config, synthesis=dataclasses.replace(config.synthesis, backend="local"),
-                              cache=dataclasses.replace(config.cache, dir=config.cache.dir.parent / "local-cache"))
-    synth = build_local_synthesizer(cfg)
+    synth = local_twin(config)
     yield synth
     asyncio.run(synth.close())
 
@@ -236,6 +209,16 @@ async def test_streamed_text_is_spoken_sentence_by_sentence_in_order(remote, loc
         assert np.array_equal(audio, solo)
 
 
+async def test_a_client_attaches_from_inside_a_running_event_loop(config, remote, alice):
+    """`serve` builds its synthesizer inside its event loop, where Serve refuses blocking calls."""
+    again = build_synthesizer(config)  # the application runs: this attaches to it
+    try:
+        audio, served = await run(again, "Attached from a loop.", alice.id)
+        assert served is not None and len(audio) >= 1
+    finally:
+        await again.close()
+
+
 async def test_a_killed_replica_fails_only_its_request_and_the_next_one_succeeds(remote, local, alice):
     import os
     import signal
@@ -256,3 +239,4 @@ async def test_a_killed_replica_fails_only_its_request_and_the_next_one_succeeds
     after, served = await run(remote, survivor_text, alice.id)  # the next request goes to a live replica
     assert served.pid != doomed.served.pid and same(after, solo)
     assert remote.metrics()["replica_failures"] >= 1
+
