@@ -147,8 +147,10 @@ async def test_load_adds_a_replica_and_the_removed_replica_finishes_its_request_
     (text, (stream, audio)), = [(t, d) for t, d in drains.items() if d[0].served.replica not in kept]
     assert after_stop[text] >= 1, "the request ended before its replica was told to stop: nothing was drained"
     solo = [c.audio async for c in local.stream(text, voice.id, PARAMS)]
-    assert len(solo) >= 50 and len(audio) == len(solo)
-    assert all(np.array_equal(a, b) for a, b in zip(audio, solo))
+    # the same samples; only where the first sentence's early words go out may differ (alone: a chunk of their own;
+    # beside another request on its replica: with the rest of their sentence, see Synthesizer._stream)
+    assert len(solo) >= 50 and len(audio) in (len(solo), len(solo) - 1)
+    assert np.array_equal(np.concatenate(audio), np.concatenate(solo))
     print(f"scaled up after {scaled_up_s:.1f} s, down after {scaled_down_s:.1f} s: removed replica "
           f"{stream.served.replica} ({'the added one' if stream.served.replica == added else 'the first one'}) made "
           f"{after_stop[text]} of its request's {len(audio)} chunks after it was told to stop")
