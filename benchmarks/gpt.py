@@ -400,7 +400,7 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
             if "pipeline" in engines:
                 backend = auto[0] if auto[0] in ("torch", "onnx") else "torch"
                 runs = [("fp32" if device == "cpu" else "fp16", "auto")]
-                if "int8" in engines and device == "cpu":
+                if device == "cpu" and ("int8" in engines or auto[1] == "int8"):  # the default's rows always
                     runs.append(("int8", "auto"))
                 if "voc32" in engines and device == "cpu" and backend == "onnx":
                     runs.append(("int8", "fp32"))
