@@ -10,8 +10,8 @@ between users but the engine and the caches. Voices are made and deleted by :mod
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import collections
+import dataclasses
 import logging
 import math
 import time
@@ -171,31 +171,32 @@ class Synthesizer:
                 waited = item.job.deadline
                 assert waited is not None, "a live sentence has a deadline"
                 waited.start(self.clock())  # somebody waits for this sentence from now on
-                # the first words (while the sentence's GPT goes on), then the sentence or the rest of it
-                held: AudioChunk | None = None
-                for step in (item.early.chunk if item.early is not None else None, item.task):
+                # the first words in windows (while the sentence's GPT goes on), then the sentence or the rest of it
+                held: list[np.ndarray] = []
+                while True:
                     if audio_s > 0.0:
                         # The request is speaking: the rest of it is finished, never cut part-way. Its jobs still
                         # wait only behind the requests admitted before it (the scheduler's order), so the wait is
                         # bounded by work already admitted, and the overall ``deadline`` still applies.
                         waited.wait_s = math.inf
-                    chunk = await step if step is not None else None
-                    if chunk is None:  # no early chunk (a short sentence, a cache hit)
-                        continue
-                    if chunk.timings.get("partial") and self._admitted > 1:
+                    partial = await item.early.next_chunk() if item.early is not None else None
+                    chunk = partial if partial is not None else await item.task
+                    if partial is not None and self._admitted > 1:
                         # Another request speaks too: the early words go out with the rest of their sentence, the
                         # same samples one chunk later. Beside another stream the rest cannot follow 0.8 s of early
                         # words in time (bench-streams, 2 streams, 2-core EPYC, natural pace: both had ~1 s gaps
                         # with early words, none with them held back), while one stream alone keeps them.
-                        held = chunk
+                        held.append(partial.audio)
                         continue
-                    if held is not None:
-                        chunk = dataclasses.replace(chunk, audio=np.concatenate([held.audio, chunk.audio]))
-                        held = None
+                    if held:
+                        chunk = dataclasses.replace(chunk, audio=np.concatenate([*held, chunk.audio]))
+                        held = []
                     if audio_s == 0.0:
                         self.stats.ttfa_s.append(time.perf_counter() - started)
                     audio_s += chunk.audio.size / SAMPLE_RATE
                     yield chunk
+                    if partial is None:
+                        break
                 current = None
             if audio_s > 0:
                 self.stats.rtf.append((time.perf_counter() - started) / audio_s)

@@ -114,10 +114,13 @@ async def test_first_words_play_before_the_first_sentence_is_decoded(synth, voic
     assert first.index == 0 and first.timings.get("partial") == 1.0
     assert first.audio.size == (12 - 4) * 1280  # the first tokens, minus the held-back ones
     whole = by_sentence(chunks)[0]
-    join = first.audio.size
-    # the hand-over is continuous: no jump larger than the audio's own sample-to-sample variation
+    # every hand-over (window to window, the last to the rest) is continuous: no jump larger than the audio's own
+    # sample-to-sample variation
     steps = np.abs(np.diff(whole[:-int(0.3 * 32000)]))
-    assert steps[join - 2: join + 2].max() <= 4 * np.percentile(steps, 99.9)
+    joins = np.cumsum([c.audio.size for c in chunks if c.index == 0])[:-1]
+    assert len(joins) >= 2  # this sentence reaches a second window
+    for join in joins:
+        assert steps[join - 2: join + 2].max() <= 4 * np.percentile(steps, 99.9)
     # the same text again with only its prosody cached: the same early chunk, the same audio, bit for bit
     synth.cache._audio.clear()  # white-box: drop the audio cache, keep the prosody cache
     again = await collect(synth, text, voice)
@@ -141,7 +144,8 @@ async def test_first_words_come_early_only_while_no_other_request_speaks(synth, 
     together = await asyncio.gather(*(collect(synth, t, voice) for t in texts))
     assert all(c.timings.get("partial") is None for chunks in together for c in chunks)
     for a, b in zip(alone, together):
-        assert len(b) == len(a) - 1  # the early words and the rest of their sentence: one chunk
+        partials = sum(1 for c in a if c.timings.get("partial"))
+        assert partials >= 1 and len(b) == len(a) - partials  # the early words and the rest of their sentence: one chunk
         assert np.array_equal(np.concatenate([c.audio for c in a]), np.concatenate([c.audio for c in b]))
 
 

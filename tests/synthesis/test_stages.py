@@ -10,8 +10,8 @@ import pytest
 
 from synthesis.audio import FADE_S, fade_edges
 from synthesis.scheduler import Deadline
-from synthesis.stages import (CROSSFADE_SAMPLES, EARLY_HOLDBACK_TOKENS, EarlyAudio, SentenceJob, _stitch,
-                              finish, sentence_seed)
+from synthesis.stages import (CROSSFADE_SAMPLES, EARLY_CONTEXT_TOKENS, EARLY_HOLDBACK_TOKENS, EarlyAudio,
+                              SentenceJob, Spoken, finish, sentence_seed)
 from synthesis.types import SynthesisParams
 
 SEEDED = SynthesisParams(language="en", seed=1234, noise_scale=0.5)
@@ -98,37 +98,79 @@ def voice_free_job():
     return SentenceJob(TEXT, 2, None, SynthesisParams(fragment_interval=0.3))  # type: ignore[arg-type]
 
 
+async def _early(synth, job, tokens_needed):
+    """The sentence through prosody and vocode with early audio; the windows that went out."""
+    early = EarlyAudio(synth.stages, job, tokens_needed)
+    await synth.stages.prosody(job, on_tokens=early.feed)
+    await synth.stages.vocode(job, early)
+    chunks = []
+    while (chunk := await early.next_chunk()) is not None:
+        chunks.append(chunk)
+    return early, chunks
+
+
 async def test_early_audio_speaks_the_first_tokens_and_hands_over(synth, voice):
     job = _job(voice, text="This first sentence is long enough to need many semantic tokens from the model.")
     await synth.stages.phonemize(job)
-    early = EarlyAudio(synth.stages, job, 12)
-    await synth.stages.prosody(job, on_tokens=early.feed)
-    await synth.stages.vocode(job, early)
-    chunk = await early.chunk
-    assert chunk is not None and chunk.timings["partial"] == 1.0 and chunk.index == 0
-    assert chunk.audio.size == (12 - EARLY_HOLDBACK_TOKENS) * 1280 == job.emitted
+    decoded = []
+    decode = synth.stages.decode
+
+    async def counting(job, tokens, speed):
+        decoded.append(tokens.size)
+        return await decode(job, tokens, speed)
+
+    synth.stages.decode = counting
+    _, chunks = await _early(synth, job, 12)
+    total = job.tokens.size
+    # windows end at 12, 36, 84... tokens (each twice the new tokens of the one before), all the sentence reaches
+    ends = [e for e in (12, 36, 84, 180) if e <= total]
+    assert len(chunks) == len(ends) and all(c.timings["partial"] == 1.0 and c.index == 0 for c in chunks)
+    sent = [0] + [e - EARLY_HOLDBACK_TOKENS for e in ends]
+    assert [c.audio.size for c in chunks] == [(b - a) * 1280 for a, b in zip(sent, sent[1:])]
+    assert job.emitted == sent[-1] * 1280
+    # each decode starts EARLY_CONTEXT_TOKENS before the unsent tokens: the first window from 0, the rest from there
+    starts = [0] + [max(0, e - EARLY_CONTEXT_TOKENS) for e in sent[1:]]
+    assert decoded == [end - start for start, end in zip(starts, ends + [total])]
     # the sentence's audio starts with exactly what went out early
-    assert np.array_equal(job.audio[:job.emitted], chunk.audio)
-    assert finish(job).audio.size == job.audio.size - job.emitted + int(0.3 * 32000)
+    assert np.array_equal(job.audio[:job.emitted], np.concatenate([c.audio for c in chunks]))
+    assert finish(job).audio.size == job.audio.size - job.emitted + int(0.3 * 32000) == (total - sent[-1]) * 1280 + \
+        int(0.3 * 32000)
 
 
 async def test_early_audio_does_not_happen_for_a_short_sentence(synth, voice):
     job = _job(voice)
     await synth.stages.phonemize(job)
-    early = EarlyAudio(synth.stages, job, 10_000)  # more tokens than the sentence has
-    await synth.stages.prosody(job, on_tokens=early.feed)
-    await synth.stages.vocode(job, early)
-    assert await early.chunk is None and job.emitted == 0 and await early.head() is None
+    early, chunks = await _early(synth, job, 10_000)  # more tokens than the sentence has
+    assert chunks == [] and job.emitted == 0 and await early.spoken() is None
 
 
-def test_fade_edges_and_stitch():
+async def test_early_audio_stops_when_cancelled(synth, voice):
+    job = _job(voice, text="This first sentence is long enough to need many semantic tokens from the model.")
+    await synth.stages.phonemize(job)
+    early = EarlyAudio(synth.stages, job, 10_000)
+    early.feed(np.arange(5))
+    running = early.cancel()
+    assert running is not None
+    await asyncio.gather(running, return_exceptions=True)
+    assert await early.next_chunk() is None and early.cancel() is None
+
+
+def test_spoken_continues_with_a_crossfade():
+    sent = Spoken(20, np.full(20 * 1280, 0.5, np.float32), np.full(4 * 1280, 0.5, np.float32))
+    assert sent.start == 20 - EARLY_CONTEXT_TOKENS
+    rest = np.full(30 * 1280, -0.5, np.float32)  # tokens 12..42
+    out = sent.join(rest)
+    assert out.size == 42 * 1280
+    join = 20 * 1280
+    assert np.all(out[:join] == 0.5) and np.all(out[join + CROSSFADE_SAMPLES:] == -0.5)
+    assert 0.5 >= out[join] > out[join + CROSSFADE_SAMPLES // 2] > out[join + CROSSFADE_SAMPLES - 1] >= -0.5
+    assert sent.continuation(rest, 30).size == 10 * 1280  # up to a token
+
+
+def test_fade_edges():
     audio = np.ones(1000, np.float32)
     faded = fade_edges(audio)
     n = int(round(32000 * FADE_S))
     assert faded[0] == 0.0 and faded[-1] == 0.0 and np.all(faded[n:-n] == 1.0)
     assert np.all(np.diff(faded[:n]) >= 0)  # a rise, never a step down
     assert fade_edges(audio, tail=False)[-1] == 1.0
-    head, full = np.full(2000, 0.5, np.float32), np.full(3000, -0.5, np.float32)
-    out = _stitch(head, full, 500)
-    assert np.all(out[:500] == 0.5) and np.all(out[500 + CROSSFADE_SAMPLES:] == -0.5)
-    assert 0.5 >= out[500] > out[500 + CROSSFADE_SAMPLES // 2] > out[500 + CROSSFADE_SAMPLES - 1] >= -0.5
