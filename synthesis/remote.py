@@ -26,7 +26,8 @@ local pipeline yields them, so a sentence's audio reaches the caller while the n
   :meth:`RemoteSynthesizer.replicas` reads them, and Serve's health check restarts a replica whose device worker
   died.
 
-Ray is imported only here, and only when a cluster is used: ``pip install 'voicebot[cluster]'``.
+Ray is imported only here and in :mod:`synthesis.served` (which only this module imports), and only when a
+cluster is used: ``pip install 'voicebot[cluster]'``.
 """
 
 from __future__ import annotations
