@@ -184,6 +184,7 @@ class RayConfig:
     gpus_per_replica: float = _CLUSTER.gpus_per_replica
     max_queued_requests: int = _CLUSTER.max_queued_requests
     ready_timeout_s: float = _CLUSTER.ready_timeout_s
+    storage: str = _CLUSTER.storage
 
     def __post_init__(self) -> None:
         self.options  # noqa: B018 - checked at load

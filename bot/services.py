@@ -53,25 +53,34 @@ def build_synthesizer(config: Config) -> Synthesizer:
     return build_local_synthesizer(config)
 
 
-def connect_replicas(config: Config) -> RemoteSynthesizer:
-    """Attach to (or deploy) the synthesis replicas of ``config.ray`` and return their client."""
+def connect_replicas(config: Config, replicas: Config | None = None) -> RemoteSynthesizer:
+    """Attach to (or deploy) the synthesis replicas of ``config.ray`` and return their client.
+
+    ``replicas``: the config the replicas build from, when not ``config`` (with ``ray.storage: served`` they never
+    open its ``voices.dir`` and ``cache.dir``, as on a machine without them).
+    """
     options = config.ray.options
-    replica_config = config
-    if config.engine.threads == 0:  # "every core" means the replica's share of the node's cores
+    replica_config = replicas or config
+    if replica_config.engine.threads == 0:  # "every core" means the replica's share of the node's cores
         threads = max(1, int(options.cpus_per_replica))
-        replica_config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, threads=threads))
+        replica_config = dataclasses.replace(replica_config,
+                                             engine=dataclasses.replace(replica_config.engine, threads=threads))
+    return connect_cluster(functools.partial(build_local_synthesizer, replica_config),
+                           functools.partial(open_stores, config), options, defaults=config.synthesis.params,
+                           limits=config.limits)
+
+
+def open_stores(config: Config) -> tuple[VoiceStore, SynthesisCache]:
+    """The voice store of ``voices.dir`` and the caches of ``cache.dir``, opened in this process."""
     cache = SynthesisCache(config.cache.dir, config.cache.prosody_mb * MB, config.cache.audio_mb * MB,
                            reuse_random=config.cache.reuse_random)
-    voices = VoiceStore(config.voices.dir, cache=cache)
-    return connect_cluster(functools.partial(build_local_synthesizer, replica_config), options, voices=voices, cache=cache,
-                   defaults=config.synthesis.params, limits=config.limits)
+    return VoiceStore(config.voices.dir, cache=cache), cache
 
 
-def build_local_synthesizer(config: Config) -> Synthesizer:
-    """The engine, its device worker, the voice store and the caches, in this process."""
+def build_local_synthesizer(config: Config, stores: tuple[VoiceStore, SynthesisCache] | None = None) -> Synthesizer:
+    """The engine and its device worker in this process, around ``stores`` (default: :func:`open_stores`; a Ray
+    replica passes its own, see ``synthesis.remote``)."""
     engine = load_engine(config.engine, config.models)
-    cache = SynthesisCache(config.cache.dir, config.cache.prosody_mb * MB, config.cache.audio_mb * MB,
-                           reuse_random=config.cache.reuse_random)
-    voices = VoiceStore(config.voices.dir, cache=cache)
+    voices, cache = stores if stores is not None else open_stores(config)
     worker = DeviceWorker(engine)  # its threads own the engine from here on
     return Synthesizer(worker, voices, cache, defaults=config.synthesis.params, limits=config.limits)

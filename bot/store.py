@@ -79,8 +79,9 @@ MIGRATIONS: tuple[str, ...] = (
         summary TEXT NOT NULL, enqueued_at REAL NOT NULL);
     CREATE INDEX queue_journal_guild ON queue_journal (guild_id);
     """,
-    # v3: consent is kept once, with the voice (its meta.json, written with it and deleted with it); the voice
-    # journal names the voices whose creation or deletion is under way, so start-up finishes or undoes it
+    # v3: consent is kept once, with the voice (a column of its row in the voice store's voices.sqlite3, written and
+    # deleted with it; a meta.json is only imported from older versions); the voice journal names the voices whose
+    # creation or deletion is under way, so start-up finishes or undoes it
     """
     DROP TABLE consent;
     CREATE TABLE voice_journal (

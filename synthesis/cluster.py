@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+STORAGE_MODES = ("shared", "served")  # ray.storage: how replicas reach the voices and caches
+
 
 @dataclass(frozen=True)
 class ClusterOptions:
@@ -26,6 +28,9 @@ class ClusterOptions:
     gpus_per_replica: float = 0.0  # Ray GPUs per replica (1: one replica per GPU)
     max_queued_requests: int = 64  # requests waiting at one client for a free replica slot; one more is busy
     ready_timeout_s: float = 600.0  # how long start-up waits for the replicas (model load included)
+    # shared: every replica opens voices.dir and cache.dir itself (all nodes on the machine that holds them)
+    # served: one storage actor on the client's machine owns them; replicas on any machine call it
+    storage: str = "shared"
 
     def __post_init__(self) -> None:
         if not self.address.strip():
@@ -42,6 +47,8 @@ class ClusterOptions:
             _check_number(name, getattr(self, name), 0.0, above=True)
         for name in ("gpus_per_replica", "upscale_delay_s", "downscale_delay_s", "drain_timeout_s"):
             _check_number(name, getattr(self, name), 0.0, above=False)
+        if self.storage not in STORAGE_MODES:
+            raise ValueError(f"storage must be one of {', '.join(STORAGE_MODES)}, got {self.storage!r}")
 
     @property
     def capacity_replicas(self) -> int:

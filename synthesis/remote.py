@@ -15,15 +15,19 @@ local pipeline yields them, so a sentence's audio reaches the caller while the n
   it gets :class:`~synthesis.types.BusyError` at once, like the local path.
 * Failures: a replica that dies fails only the requests it was serving, with an :class:`~engines.EngineError`
   that says so; Serve starts a replacement and routes the next requests to live replicas.
-* Voices and caches: every replica opens the same voice folder and cache folder (the configured data dirs, on a
-  filesystem all nodes share), so a voice made through one replica is read by all, and a delete (folder renamed
-  first, then its cache entries removed, see :mod:`synthesis.voices`) reaches every replica: their caches are the
-  same files, and a write racing the delete is taken back by the writer.
-* Health and queue depth: every replica writes its state to ``<cache dir>/replicas/<replica>.json`` each
-  :data:`REPORT_S`; :meth:`RemoteSynthesizer.replicas` reads them, and Serve's health check restarts a replica
-  whose device worker died.
+* Voices and caches (``ray.storage``): with ``shared`` every replica opens the configured voice and cache folders
+  itself, so every node must run on the machine that holds them (SQLite in WAL mode); a voice made through one
+  replica is read by all, and a delete (folder renamed first, then its cache entries removed, see
+  :mod:`synthesis.voices`) reaches every replica: their caches are the same files, and a write racing the delete is
+  taken back by the writer. With ``served`` one storage actor on the client's machine opens them, and the replicas,
+  on any machine, call it (:mod:`synthesis.served`): the same steps, run in one process of that machine.
+* Health and queue depth: every replica reports its state each :data:`REPORT_S` (``shared``: it writes
+  ``<cache dir>/replicas/<replica>.json`` itself; ``served``: the storage actor writes it);
+  :meth:`RemoteSynthesizer.replicas` reads them, and Serve's health check restarts a replica whose device worker
+  died.
 
-Ray is imported only here, and only when a cluster is used: ``pip install 'voicebot[cluster]'``.
+Ray is imported only here and in :mod:`synthesis.served` (which only this module imports), and only when a
+cluster is used: ``pip install 'voicebot[cluster]'``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import importlib
 import json
 import logging
@@ -41,7 +46,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -67,6 +72,44 @@ METRICS_PUSH_S = 10.0  # autoscaling: how often a client reports its requests in
 LOOKAHEAD = 2  # streamed text: sentences requested ahead of the one being yielded
 INSTALL_HINT = "Ray Serve is not installed: pip install 'voicebot[cluster]' (or set synthesis.backend: local)"
 Progress = Callable[[str, float], None]
+Stores = tuple[VoiceStore, SynthesisCache]  # what a local synthesizer reads its voices and caches from
+Build = Callable[[Stores], "Synthesizer"]  # makes a replica's synthesizer (engine, worker) around its stores
+
+
+class Reports(Protocol):
+    """Where a replica's state goes (``ray.storage`` decides: the state folder itself, or the storage actor)."""
+
+    def write(self, replica: str, state: Mapping[str, Any]) -> None: ...
+    def remove(self, replica: str) -> None: ...
+
+
+class FileReports:
+    """The state folder: ``<replica>.json`` per replica, written atomically (temp + rename)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def write(self, replica: str, state: Mapping[str, Any]) -> None:
+        path = self.folder / f"{replica}.json"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state), encoding="utf-8")
+        os.replace(tmp, path)
+
+    def remove(self, replica: str) -> None:
+        (self.folder / f"{replica}.json").unlink(missing_ok=True)
+
+
+def open_shared(open_stores: Callable[[], Stores], report_dir: str) -> tuple[Stores, Reports]:
+    """``ray.storage: shared``, in a replica: the configured folders, opened by the replica itself."""
+    return open_stores(), FileReports(Path(report_dir))
+
+
+def open_served(actor: str) -> tuple[Stores, Reports]:
+    """``ray.storage: served``, in a replica: stand-ins that call the storage actor ``actor``."""
+    from synthesis import served
+
+    return served.connect(actor)
 
 
 # ---- the replica ---------------------------------------------------------------------------------------------------
@@ -85,22 +128,22 @@ class SynthesisReplica:
 
     Parameters
     ----------
-    build: makes the synthesizer (engine, worker, voice store and caches on the shared folders).
-    report_dir: where the replica writes its state file.
+    build: makes the synthesizer (engine, worker) around the stores.
+    storage: opens the voice store and caches in this process (the folders, or stand-ins for the storage actor's)
+        and says where the replica's state goes: :func:`open_shared` or :func:`open_served`, bound to its arguments.
     """
 
-    async def __init__(self, build: Callable[[], Synthesizer], report_dir: str) -> None:  # type: ignore[misc]
+    async def __init__(self, build: Build, storage: Callable[[], tuple[Stores, Reports]]) -> None:  # type: ignore[misc]
         from ray import serve
 
-        self.synth = build()
+        stores, self._reports = await asyncio.to_thread(storage)
+        self.synth = build(stores)
         await self.synth.warm_up()
         encoders = getattr(self.synth.engine, "encoders", None)
         if encoders is not None:  # any replica may be asked to make a voice: HuBERT loads now, not in that request
             await asyncio.to_thread(encoders.hubert)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.pid = os.getpid()
-        self._report_file = Path(report_dir) / f"{self.replica}.json"
-        self._report_file.parent.mkdir(parents=True, exist_ok=True)
         self._reporter = asyncio.create_task(self._report_forever())
         log.info("synthesis replica %s (pid %d) ready: %s", self.replica, self.pid, self.synth.engine_name)
 
@@ -147,7 +190,10 @@ class SynthesisReplica:
         done: dict[str, Any] = vars(self)
         if "_reporter" in done:
             self._reporter.cancel()
-            self._report_file.unlink(missing_ok=True)
+            try:
+                await asyncio.to_thread(self._reports.remove, self.replica)
+            except Exception:  # noqa: BLE001 - the state goes stale instead, and is forgotten later
+                log.warning("replica %s could not remove its state", self.replica, exc_info=True)
         if "synth" in done:
             await self.synth.close()
 
@@ -162,30 +208,29 @@ class SynthesisReplica:
     async def _report_forever(self) -> None:
         while True:
             try:
-                await asyncio.to_thread(_write_json, self._report_file, self.state())
-            except Exception:  # a full disk must not stop the replica; the state goes stale instead
+                await asyncio.to_thread(self._reports.write, self.replica, self.state())
+            except Exception:  # a full disk (or the storage gone) must not stop the replica; the state goes stale
                 log.warning("replica %s could not write its state", self.replica, exc_info=True)
             await asyncio.sleep(REPORT_S)
-
-
-def _write_json(path: Path, value: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # ---- connecting --------------------------------------------------------------------------------------------------
 
 
-def connect_cluster(build: Callable[[], Synthesizer], options: ClusterOptions, *, voices: VoiceStore,
-            cache: SynthesisCache, defaults: SynthesisParams, limits: Limits) -> RemoteSynthesizer:
+def connect_cluster(build: Build, open_stores: Callable[[], Stores], options: ClusterOptions, *,
+                    defaults: SynthesisParams, limits: Limits) -> RemoteSynthesizer:
     """Attach to the Serve application ``options.app_name`` (deploying it with ``build`` when it is not running)
-    and return the client. Blocks until the replicas are ready (their models loaded)."""
+    and return the client. Blocks until the replicas are ready (their models loaded).
+
+    ``open_stores`` opens the voice store and caches of this machine: for this client, for every replica with
+    ``ray.storage: shared``, for the storage actor (started here when it does not run) with ``served``.
+    """
     try:  # Ray's own type information is partial: used as Any
         ray: Any = importlib.import_module("ray")
         serve: Any = importlib.import_module("ray.serve")
     except ImportError:
         raise SpeechError(INSTALL_HINT) from None
+    voices, cache = open_stores()
     report_dir = cache.dir / "replicas"
     if not ray.is_initialized():
         address = None if options.address == "local" else options.address
@@ -194,6 +239,13 @@ def connect_cluster(build: Callable[[], Synthesizer], options: ClusterOptions, *
         except ConnectionError as e:
             raise SpeechError(f"cannot reach the Ray cluster at ray.address={options.address!r}: {e}; start it "
                               "(`make cluster`, or `ray start --head` on the head node) or fix the address") from e
+    if options.storage == "served":  # before the replicas: they look it up as they start
+        from synthesis import served
+
+        actor = served.start_storage(open_stores, options.app_name, report_dir)
+        storage: Callable[[], tuple[Stores, Reports]] = functools.partial(open_served, actor)
+    else:
+        storage = functools.partial(open_shared, open_stores, str(report_dir))
     status = serve.status().applications.get(options.app_name)
     if status is not None and str(status.status).endswith("RUNNING"):
         handle = serve.get_app_handle(options.app_name)
@@ -212,7 +264,7 @@ def connect_cluster(build: Callable[[], Synthesizer], options: ClusterOptions, *
             graceful_shutdown_wait_loop_s=DRAIN_POLL_S, **scale)
         log.info("deploying the synthesis application %r (%s)", options.app_name,
                  scale.get("num_replicas", "autoscaling"))
-        handle = _run_bounded(lambda: serve.run(deployment.bind(build, str(report_dir)), name=options.app_name,
+        handle = _run_bounded(lambda: serve.run(deployment.bind(build, storage), name=options.app_name,
                                                 route_prefix=None), options)
     # a blocking call, made on a thread of its own: Serve refuses one from a thread that runs an event loop (`serve`
     # connects from inside its loop)
@@ -259,10 +311,14 @@ def _run_bounded(run: Callable[[], Any], options: ClusterOptions) -> Any:
 
 
 def shutdown(app_name: str) -> None:
-    """Remove the Serve application (its replicas stop once their requests are done)."""
+    """Remove the Serve application (its replicas stop once their requests are done), then its storage actor
+    (``ray.storage: served``) if it has one."""
     from ray import serve
 
     serve.delete(app_name)
+    from synthesis import served
+
+    served.stop_storage(app_name)
 
 
 # ---- the client --------------------------------------------------------------------------------------------------
@@ -500,6 +556,7 @@ class RemoteSynthesizer:
         # the handle's router reports this client's load to the autoscaler in the background until it is shut down
         await self._handle.shutdown_async()
         self.cache.close()
+        self.voices.close()
 
 
 class RemoteVoicing:

@@ -38,9 +38,9 @@ row's version as read by every call, so another process's change is seen at once
 
 Network filesystems: SQLite advises against them. WAL keeps its index in shared memory, which only the processes of
 one machine share, and NFS/SMB locks are often unreliable, so a database there can be corrupted or diverge. Keep
-the voice root on a local disk and every process that opens it on that machine; replicas on several machines need
-the voices served from one of them (not built yet, see issue 18), not an NFS mount. The store logs a warning at
-open when the root is on a network filesystem.
+the voice root on a local disk and every process that opens it on that machine; replicas on other machines reach
+it through the storage actor of ``ray.storage: served`` (:mod:`synthesis.served`), never through an NFS mount. The
+store logs a warning at open when the root is on a network filesystem.
 """
 
 from __future__ import annotations
@@ -358,6 +358,18 @@ class VoiceStore:
     def get(self, voice_id: str) -> Voice:
         """The voice with this id (prompt arrays read from disk once per version, then kept in memory)."""
         return self._voice(self._meta_in(self._db(), voice_id))
+
+    def stamp(self, voice_id: str) -> tuple[int, int]:
+        """What names the voice's current prompt arrays: (row version, folder inode). It changes with every replace,
+        and with a delete and a new create under the same id, so a copy of the arrays kept elsewhere (a replica with
+        ``ray.storage: served``) is current exactly while its stamp is. VoiceNotFound when there is no such voice."""
+        row = self._db().execute("SELECT version FROM voices WHERE id = ?", (self._folder(voice_id).name,)).fetchone()
+        try:
+            if row is not None:
+                return int(row[0]), (self.root / voice_id).stat().st_ino
+        except FileNotFoundError:  # being deleted (its folder renamed away first)
+            pass
+        raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids")
 
     def meta(self, voice_id: str) -> dict[str, Any]:
         """The voice's metadata (id, name, owner_id, version, language, prompt_text, enrollment_prompt, model_id,

@@ -117,6 +117,7 @@ BAD_VALUES = {
         ({"gpus_per_replica": -1}, "ray.gpus_per_replica must be a finite number >= 0, got -1.0"),
         ({"max_queued_requests": 0}, "ray.max_queued_requests must be a whole number >= 1, got 0"),
         ({"ready_timeout_s": float("inf")}, "ray.ready_timeout_s must be a finite number above 0"),
+        ({"storage": "nfs"}, "ray.storage must be one of shared, served, got 'nfs'"),
     ],
     "voices": [
         ({"max_upload_mb": 0}, "voices.max_upload_mb must be a finite number above 0"),

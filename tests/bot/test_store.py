@@ -42,7 +42,7 @@ async def test_new_database_is_wal_and_current(store: Store, tmp_path: Path) -> 
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"schema_version", "guild_settings", "user_settings", "nicknames", "voice_shares", "guild_voices",
             "guild_phrases", "queue_journal", "voice_journal"} <= tables
-    assert "consent" not in tables  # consent is kept once, in the voice's own meta.json
+    assert "consent" not in tables  # consent is kept once, in the voice's row of the voice store (voices.sqlite3)
     conn.close()
 
 

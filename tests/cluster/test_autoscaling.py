@@ -19,10 +19,9 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="ray[serve] is not installed: pip install 'voicebot[cluster]'")
 
-from bot.services import build_synthesizer  # noqa: E402
 from synthesis import BusyError, SynthesisParams  # noqa: E402
 from tests.audio_samples import speech_like_wav  # noqa: E402
-from tests.cluster.apps import close_remote, cluster_config, local_twin  # noqa: E402
+from tests.cluster.apps import cluster_config  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -43,20 +42,6 @@ def config(tiny_models, tmp_path_factory, cluster):
                           min_replicas=1, max_replicas=2, target_queue=2.0, upscale_delay_s=0.5,
                           downscale_delay_s=0.5, scale_window_s=1.0, drain_timeout_s=120.0, max_queued_requests=2,
                           app_name="voicebot-scaling")
-
-
-@pytest.fixture(scope="module")
-def remote(config):
-    synth = build_synthesizer(config)
-    yield synth
-    close_remote(synth, config.ray.app_name)
-
-
-@pytest.fixture(scope="module")
-def local(config):
-    synth = local_twin(config)
-    yield synth
-    asyncio.run(synth.close())
 
 
 def replica_states(app: str) -> dict[str, int]:

@@ -4,6 +4,11 @@ The tiny models of tests/conftest.py, engine threads 1 (so a replica and a local
 replica (``synthesis.queue_size``), 4 requests waiting in Serve's queue (Serve counts a request that is being routed
 as queued too, so a smaller queue would refuse some of 4 requests sent at once to free replicas). One deployment
 for the whole module (on the cluster of tests/cluster/conftest.py); the test that kills a replica runs last.
+
+The voices and caches are served (``ray.storage: served``): the storage actor on this process's node opens the
+module's folders, and the replicas' own config points ``voices.dir`` and ``cache.dir`` below a plain file, where
+nothing can be opened or made, so any direct access of theirs fails (with ``shared`` the replicas would not start).
+tests/cluster/test_autoscaling.py runs on ``shared`` folders.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ pytest.importorskip("ray.serve", reason="ray[serve] is not installed: pip instal
 from bot.services import build_synthesizer  # noqa: E402
 from synthesis import BusyError, EngineError, SynthesisParams, VoiceNotFound  # noqa: E402
 from tests.audio_samples import speech_like_wav  # noqa: E402
-from tests.cluster.apps import close_remote, cluster_config, local_twin  # noqa: E402
+from tests.cluster.apps import cluster_config  # noqa: E402
 
 # the cluster and the replicas start once for the module, inside the first test's time (minutes on a loaded 2-core
 # machine: each replica imports torch and loads and warms up its engine)
@@ -36,22 +41,16 @@ LONG = " ".join(f"This is sentence number {i} of a long reading." for i in range
 @pytest.fixture(scope="module")
 def config(tiny_models, tmp_path_factory, cluster):
     return cluster_config(tiny_models, tmp_path_factory.mktemp("cluster-data"), cluster, num_replicas=2,
-                          max_queued_requests=4, app_name="voicebot-test")
+                          max_queued_requests=4, app_name="voicebot-test", storage="served")
 
 
 @pytest.fixture(scope="module")
-def remote(config):
-    synth = build_synthesizer(config)
-    yield synth
-    close_remote(synth, config.ray.app_name)
-
-
-@pytest.fixture(scope="module")
-def local(config):
-    """The same models and voices in this process, with caches of its own: the reference for every output."""
-    synth = local_twin(config)
-    yield synth
-    asyncio.run(synth.close())
+def replica_config(config, tmp_path_factory):
+    """The replicas' view: their data folders below a plain file (nothing there can be opened or created)."""
+    blocked = tmp_path_factory.mktemp("replica-view") / "not-a-folder"
+    blocked.write_text("the replicas have no data folders\n")
+    return dataclasses.replace(config, voices=dataclasses.replace(config.voices, dir=blocked / "voices"),
+                               cache=dataclasses.replace(config.cache, dir=blocked / "cache"))
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +66,23 @@ async def run(synth, text, voice, params=PARAMS):
     stream = synth.stream(text, voice, params)
     audio = [chunk.audio async for chunk in stream]
     return audio, getattr(stream, "served", None)
+
+
+def entries(synth) -> dict[str, int]:
+    """Entries in the prosody and audio caches (the storage actor's files, read here)."""
+    return {name: s["entries"] for name, s in synth.cache.stats().items()}
+
+
+async def stored(synth, expected: dict[str, int], timeout_s: float = 30.0) -> None:
+    """Wait until the caches hold ``expected`` entries: a replica sends its writes without waiting for them."""
+    deadline = time.monotonic() + timeout_s
+    while (found := entries(synth)) != expected:
+        assert time.monotonic() < deadline, f"the caches hold {found}, not {expected}"
+        await asyncio.sleep(0.05)
+
+
+async def collect(stream) -> list:
+    return [chunk async for chunk in stream]
 
 
 def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -86,18 +102,65 @@ async def test_a_voice_made_on_one_replica_speaks_on_the_other_and_its_delete_re
     bob, _ = await remote.voicing.create("bob", speech_like_wav(seed=3, f0=110), "bob.wav",
                                          transcript="Hello, this is my voice.", language="en", consent=CONSENT)
     made_on = remote.voicing.last_replica
+    before, local_before = entries(remote), entries(local)
     texts = [f"Bob talks, take {i}." for i in range(4)]
     results = await asyncio.gather(*(run(remote, t, "bob") for t in texts))  # by name: each replica's own lookup
     assert {served.replica for _, served in results} - {made_on}  # some were served by the other replica
     for text, (audio, _) in zip(texts, results):
         assert same(audio, (await run(local, text, bob.id))[0])
+    # the entries the local run made in its own caches, the replicas made in the served ones
+    await stored(remote, {k: before[k] + entries(local)[k] - local_before[k] for k in before})
+    assert entries(remote) != before
 
     await remote.voicing.delete(bob.id)
-    assert remote.cache.invalidate_voice(bob.id) == 0  # the replicas' entries (one shared cache) are gone already
+    assert entries(remote) == before  # bob's prosody and audio entries are gone, the rest stay
+    assert remote.cache.invalidate_voice(bob.id) == 0
     for _ in range(2):  # both replicas (2 concurrent requests) find it gone
         outcomes = await asyncio.gather(*(run(remote, "Still there?", bob.id) for _ in range(2)),
                                         return_exceptions=True)
         assert all(isinstance(o, VoiceNotFound) for o in outcomes), outcomes
+
+
+async def test_a_prosody_hit_on_another_replica_skips_the_gpt(remote, local, alice):
+    text = "This sentence is computed once."
+    before = entries(remote)
+    stream = remote.stream(text, alice.id, PARAMS)
+    first = [c async for c in stream]
+    assert first[-1].timings["gpt_s"] > 0 and first[-1].timings["prosody_hit"] == 0.0  # the GPT ran, on one replica
+    first_replica = stream.served.replica
+    await stored(remote, {"prosody": before["prosody"] + 1, "audio": before["audio"] + 1})  # (one sentence)
+    # another noise scale: the same prosody (tokens), another audio key, so only the GPT can be skipped
+    for attempt in range(6):  # two at once go to both replicas (Serve picks the less loaded), mostly at once
+        scales = [0.3 + 0.01 * (2 * attempt + k) for k in range(2)]
+        streams = [remote.stream(text, alice.id, dataclasses.replace(PARAMS, noise_scale=n)) for n in scales]
+        results = await asyncio.gather(*(collect(s) for s in streams))
+        others = [(n, s, r) for n, s, r in zip(scales, streams, results) if s.served.replica != first_replica]
+        if others:
+            break
+    else:
+        pytest.fail("6 pairs of requests never reached the second replica")
+    for n, stream, chunks in others:
+        final = chunks[-1].timings  # (the sentence's; an early chunk's says "partial")
+        assert final["prosody_hit"] == 1.0 and final["gpt_s"] == 0.0 and final["audio_hit"] == 0.0
+        solo, _ = await local.synthesize(text, alice.id, dataclasses.replace(PARAMS, noise_scale=n))
+        assert np.array_equal(np.concatenate([c.audio for c in chunks]), solo)
+
+
+def test_a_storage_call_costs_about_a_millisecond(config, remote):
+    """The replicas' round trip to the storage actor, measured from this process (on its node, as a replica on
+    another node of this machine): a cache lookup, made on a replica's event loop once per sentence."""
+    import statistics
+
+    from synthesis import served
+
+    (_, cache), link = served.connect(served.actor_name(config.ray.app_name))
+    for i in range(300):
+        cache.get_tokens(f"{i:064x}")
+    calls = sorted(link.call_s)
+    median, p95 = statistics.median(calls), calls[int(len(calls) * 0.95)]
+    print(f"storage call (cache lookup, a miss): median {median * 1e3:.2f} ms, 95th percentile {p95 * 1e3:.2f} ms "
+          f"over {len(calls)} calls")
+    assert median < 0.05  # (~1 ms here; a call that took the actor's own timeout would be 10 s)
 
 
 async def test_full_replicas_answer_busy_at_once_and_a_cancelled_request_frees_its_slot(remote, alice):
@@ -217,6 +280,27 @@ async def test_a_client_attaches_from_inside_a_running_event_loop(config, remote
         assert served is not None and len(audio) >= 1
     finally:
         await again.close()
+
+
+async def test_the_storage_gone_fails_a_request_in_one_line_and_a_new_one_is_found(config, remote, alice):
+    import functools
+
+    import ray
+
+    from bot.services import open_stores
+    from synthesis import served
+
+    name = served.actor_name(config.ray.app_name)
+    ray.kill(ray.get_actor(name, namespace=served.NAMESPACE), no_restart=True)  # as when the client's machine is down
+    started = time.perf_counter()
+    with pytest.raises(EngineError, match="cannot reach the voice and cache storage") as failed:
+        await run(remote, "Is anybody there?", alice.id)
+    assert "\n" not in str(failed.value) and time.perf_counter() - started < served.CALL_TIMEOUT_S
+    # the client's machine back: a client starts a new storage actor, and the replicas find it under the name
+    await asyncio.to_thread(served.start_storage, functools.partial(open_stores, config), config.ray.app_name,
+                            config.cache.dir / "replicas")
+    audio, _ = await run(remote, "Is anybody there?", alice.id)
+    assert len(audio) >= 1
 
 
 async def test_a_killed_replica_fails_only_its_request_and_the_next_one_succeeds(remote, local, alice):

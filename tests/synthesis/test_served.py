@@ -1,0 +1,105 @@
+"""``ray.storage: served`` without a cluster: the storage actor's class called in this process, through the replica's
+stand-ins; what travels through Ray is proven on the real cluster (tests/cluster/test_replicas.py)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray", reason="ray[serve] is not installed: pip install 'voicebot[cluster]'")
+
+from synthesis.cache import SynthesisCache  # noqa: E402
+from synthesis.served import ServedCache, ServedVoices, StorageActor  # noqa: E402
+from synthesis.types import VoiceNotFound  # noqa: E402
+from synthesis.voices import VoiceStore  # noqa: E402
+from tests.synthesis.test_voices import create, make_prompt  # noqa: E402
+
+MB = 1 << 20
+
+
+class Direct:
+    """The link of a replica, calling the actor's object here instead of through Ray; counts the voices sent."""
+
+    def __init__(self, actor: StorageActor) -> None:
+        self.actor = actor
+        self.voices_sent = 0
+
+    def call(self, method: str, *args: Any) -> Any:
+        result = getattr(self.actor, method)(*args)
+        if method == "voice" and result[1] is not None:
+            self.voices_sent += 1
+        return result
+
+    send = call
+
+
+@pytest.fixture
+def served(tmp_path: Path):
+    def open_stores() -> tuple[VoiceStore, SynthesisCache]:
+        cache = SynthesisCache(tmp_path / "cache", MB, MB)
+        return VoiceStore(tmp_path / "voices", cache=cache), cache
+
+    actor = StorageActor(open_stores, str(tmp_path / "cache" / "replicas"))
+    link = Direct(actor)
+    cache = ServedCache(link, actor.cache.dir, reuse_random=actor.cache.reuse_random)  # type: ignore[arg-type]
+    yield actor, link, ServedVoices(link, actor.voices.root, cache), cache  # type: ignore[arg-type]
+    actor.voices.close()
+    actor.cache.close()
+
+
+def test_the_stand_ins_override_every_public_method_of_what_they_stand_in_for():
+    # (cacheable is pure: the seed policy, from reuse_random)
+    for base, stand_in, pure in ((VoiceStore, ServedVoices, set()), (SynthesisCache, ServedCache, {"cacheable"})):
+        public = {n for n, v in inspect.getmembers(base, inspect.isfunction) if not n.startswith("_")}
+        own = {n for n in vars(stand_in) if not n.startswith("_")}
+        static = {n for n in public if isinstance(inspect.getattr_static(base, n), staticmethod)}
+        assert public - static - own == pure, "a stand-in would reach for files it does not have"
+
+
+def test_a_voices_arrays_travel_once_per_version_and_go_with_a_replace_or_delete(served):
+    actor, link, voices, _ = served
+    made = create(actor.voices)
+    first = voices.get(made.id)
+    assert voices.get(made.id) is first and voices.find("Alice").id == made.id and link.voices_sent == 1
+
+    actor.voices.replace(made.id, make_prompt(seed=5))  # another process (the client) replaces it
+    second = voices.get(made.id)
+    assert link.voices_sent == 2 and second.version == 2
+    assert np.array_equal(second.prompt.ge, make_prompt(seed=5).ge)
+
+    actor.voices.delete(made.id)
+    with pytest.raises(VoiceNotFound):
+        voices.get(made.id)
+    again = create(actor.voices, seed=3)  # a new voice of the same name: never the old arrays
+    assert voices.find("Alice").id == again.id and link.voices_sent == 3
+
+
+def test_cache_calls_reach_the_actors_cache_and_a_deleted_voice_is_refused(served):
+    actor, _, voices, cache = served
+    made = create(actor.voices)
+    cache.put_tokens("k", np.arange(5), made.id)
+    cache.put_audio("a", np.ones(8, np.float32), made.id)
+    assert np.array_equal(cache.get_tokens("k"), np.arange(5)) and np.array_equal(actor.cache.get_audio("a"),
+                                                                                   np.ones(8, np.float32))
+    audio = cache.get_audio("a")
+    assert audio is not None and audio.flags.writeable
+    removed = voices.delete(made.id)
+    assert removed.cache_entries == 2 and cache.get_tokens("k") is None and cache.is_retired(made.id)
+    cache.put_tokens("k", np.arange(5), made.id)  # a request in flight when its voice went
+    assert actor.cache.get_tokens("k") is None
+
+
+def test_the_actor_writes_replica_states_with_its_own_clock(served):
+    import json
+    import time
+
+    actor, *_ = served
+    actor.report("r1", {"replica": "r1", "at": 0.0, "healthy": True})
+    path = Path(actor.reports.folder) / "r1.json"
+    assert abs(json.loads(path.read_text())["at"] - time.time()) < 60
+    actor.remove_report("r1")
+    assert not path.exists()
