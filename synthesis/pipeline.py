@@ -315,6 +315,7 @@ class Synthesizer:
         await self.voicing.stop_precompute()
         await asyncio.to_thread(self.worker.close)
         self.cache.close()
+        self.voices.close()  # (its SQLite connections; a later use opens them again)
 
 
 async def stream_sentences(text: str | AsyncIterator[str], p: SynthesisParams, limits: Limits) -> AsyncIterator[str]:
