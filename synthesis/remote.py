@@ -209,6 +209,8 @@ class SynthesisReplica:
         while True:
             try:
                 await asyncio.to_thread(self._reports.write, self.replica, self.state())
+                # a voice deleted through another replica or client: its arrays leave this one's memory too
+                await asyncio.to_thread(self.synth.voices.forget_deleted)
             except Exception:  # a full disk (or the storage gone) must not stop the replica; the state goes stale
                 log.warning("replica %s could not write its state", self.replica, exc_info=True)
             await asyncio.sleep(REPORT_S)

@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -62,7 +62,8 @@ _GROUP_OF = {"describe": "lookups", "voice": "lookups", "find": "lookups", "look
              "store_cache": "stores"}
 START_TIMEOUT_S = 120.0  # the longest a client waits for a new actor to open the folders
 Stamp = tuple[int, int]  # VoiceStore.stamp: (row version, folder inode)
-_VOICE_CALLS = frozenset({"create", "replace", "delete", "delete_owner", "meta", "load_clip", "list", "stamp"})
+_VOICE_CALLS = frozenset({"create", "replace", "delete", "delete_owner", "meta", "load_clip", "list", "stamp",
+                          "present"})
 _CACHE_LOOKUPS = frozenset({"get_tokens", "get_audio", "is_retired", "stats"})
 _CACHE_STORES = frozenset({"put_tokens", "put_audio"})
 _CACHE_CHANGES = frozenset({"invalidate_voice", "retire_voice"})
@@ -412,6 +413,18 @@ class ServedVoices(VoiceStore):
     def list(self, owner_id: int | None = None) -> list[Voice]:
         """Every voice (of one owner when given), with its arrays: for tools, not the hot path."""
         return self._link.call("call_voices", "list", (owner_id,), {})
+
+    def present(self, voice_ids: Sequence[str]) -> list[str]:
+        return self._link.call("call_voices", "present", (list(voice_ids),), {})
+
+    def forget_deleted(self) -> int:
+        """Drop the arrays held here of voices deleted since (one call); how many went."""
+        with self._held_lock:
+            held = list(self._held)
+        gone: set[str] = set(held) - set(self.present(held)) if held else set()
+        for voice_id in gone:
+            self._drop(voice_id)
+        return len(gone)
 
     def _keep(self, stamp: Stamp, voice: Voice) -> Voice:
         with self._held_lock:

@@ -59,7 +59,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Generator, Mapping
+from typing import Any, Generator, Mapping, Sequence
 
 import numpy as np
 import soundfile as sf  # pyright: ignore[reportMissingTypeStubs]  # untyped; its source gives the types
@@ -413,6 +413,24 @@ class VoiceStore:
             except VoiceNotFound:  # being deleted or replaced right now: a list never waits
                 continue
         return voices
+
+    def present(self, voice_ids: Sequence[str]) -> list[str]:
+        """Which of ``voice_ids`` have a row (one query)."""
+        ids = [str(v) for v in voice_ids]
+        if not ids:
+            return []
+        marks = ", ".join("?" * len(ids))
+        return [str(r[0]) for r in self._db().execute(f"SELECT id FROM voices WHERE id IN ({marks})", ids)]
+
+    def forget_deleted(self) -> int:
+        """Drop the prompt arrays held in memory of voices deleted since (by any process); how many went. A
+        process that serves many voices calls it now and then, so that a deleted voice's arrays do not stay in its
+        memory until somebody asks for that voice again."""
+        held = list(self._loaded)
+        gone = set(held) - set(self.present(held))
+        for voice_id in gone:
+            self._loaded.pop(voice_id, None)
+        return len(gone)
 
     # --- internals ----------------------------------------------------------------------------------------------
 

@@ -103,3 +103,18 @@ def test_the_actor_writes_replica_states_with_its_own_clock(served):
     assert abs(json.loads(path.read_text())["at"] - time.time()) < 60
     actor.remove_report("r1")
     assert not path.exists()
+
+
+def test_a_deleted_voices_arrays_leave_a_replica_that_never_asks_for_it_again(served):
+    actor, _, voices, _ = served
+    kept, gone = create(actor.voices), create(actor.voices, name="Bob", seed=2)
+    voices.get(kept.id), voices.get(gone.id)
+    assert voices.forget_deleted() == 0
+    actor.voices.delete(gone.id)  # through another replica or the client
+    assert voices.forget_deleted() == 1 and set(voices._held) == {kept.id}  # white-box: the arrays held here
+    # the same for a local store whose voice another process deleted
+    local = VoiceStore(actor.voices.root, cache=actor.cache)
+    local.get(kept.id)
+    actor.voices.delete(kept.id)
+    assert local.forget_deleted() == 1 and not local._loaded
+    local.close()
