@@ -27,6 +27,7 @@ import copy
 import functools
 import logging
 import math
+import time
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -53,6 +54,9 @@ __all__ = ["GptConfig", "Text2SemanticModel", "build_random_gpt", "KV_BUCKET"]
 PE_POSITIONS = 4000  # rows of the precomputed sinusoid table (upstream's default size)
 KV_BUCKET = 64  # decode attends over the cache prefix rounded up to a multiple of this many positions
 LN_EPS = 1e-5  # layer-norm epsilon (torch TransformerEncoderLayer default, as upstream)
+PREFILL_SLOW = 1.8  # CPU prefill layers this many times slower per position than the fastest, on average over
+PREFILL_SLOW_LAYERS = 4  # this many in a row: one thread after them (one slow layer alone happens in quiet runs)
+PREFILL_SOLO = 3  # prefills that then run on one thread from their start before all threads are tried again
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,9 @@ class Text2SemanticModel(nn.Module):
         self.ar_predict_layer = nn.Linear(d, config.vocab, bias=False)
         self.register_buffer("pe", _sine_table(PE_POSITIONS, d), persistent=False)  # [P, D] fp32
         self.compute_dtype = torch.float32  # dtype of the transformer's linear weights
+        self._prefill_fastest = math.inf  # a CPU prefill layer's fastest time per position seen (all threads)
+        self._prefill_solo_left = 0  # prefills still to run on one thread (the cores were shared just now)
+        self._prefill_recent: list[float] = []  # the current prefill's last layers against the fastest
         self.cache_dtype = torch.float32  # dtype of the KV cache: compute dtype, or bf16 for the int8 CPU path
         self.quantized = False  # int8 linears (quantize_int8)
         self.use_fused = True  # decode with the fused CPU step where it can run (tests turn it off to compare)
@@ -478,23 +485,58 @@ class Text2SemanticModel(nn.Module):
         # on a CPU the mask as an additive bias, made once for all layers (see _prefill_attention)
         bias = None if dev.type != "cpu" else torch.zeros(s, s, dtype=self.compute_dtype).masked_fill_(
             ~allowed, float("-inf"))
-        cfg = self.config
         h = x  # [1, S, D] fp32 residual stream
         n_layers = len(self.h.layers)
-        for i, blk in enumerate(self.h.blocks):
-            qkv = self._linear(blk.self_attn.in_proj, h.to(self.compute_dtype))  # [1, S, 3D]
-            q, k, v = qkv.view(s, 3, cfg.heads, cfg.head_dim).permute(1, 2, 0, 3).unbind(0)  # [H, S, hd] each
-            self.kv[i][0, slot, :, :s] = k
-            self.kv[i][1, slot, :, :s] = v
-            mask, add = allowed, bias
-            if i == n_layers - 1:  # only the last position's output feeds the logits
-                q, h, mask, add = q[:, -1:], h[:, -1:], allowed[-1:], None if bias is None else bias[-1:]
-            a = _prefill_attention(q, k, v, mask, add)[None]  # [1, H, s', hd]
-            a = self._linear(blk.self_attn.out_proj, a.transpose(1, 2).reshape(1, -1, cfg.dim))
-            h = self._norm(h + a.float(), blk.norm1)
-            h = self._norm(h + self._ffn(blk, h).float(), blk.norm2)
+        threads = torch.get_num_threads()
+        self._prefill_recent: list[float] = []  # the last layers' times against the fastest
+        if dev.type == "cpu" and self._prefill_solo_left > 0:  # the cores were shared a moment ago: one thread
+            self._prefill_solo_left -= 1
+            torch.set_num_threads(1)
+        try:
+            for i, blk in enumerate(self.h.blocks):
+                t0 = time.perf_counter()
+                h = self._prefill_layer(i, blk, h, slot, s, allowed, bias, last=i == n_layers - 1)
+                if dev.type == "cpu" and i < n_layers - 1 and torch.get_num_threads() > 1:
+                    self._watch_prefill_layer((time.perf_counter() - t0) / s)
+        finally:
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
         self.text_len[slot] = tx
         return self.ar_predict_layer(h[0, -1])
+
+    def _watch_prefill_layer(self, per_position_s: float) -> None:
+        """One thread for the rest of a CPU prefill once :data:`PREFILL_SLOW_LAYERS` layers in a row ran on average
+        :data:`PREFILL_SLOW` times slower per position than the fastest seen: another process has a core, and
+        torch's threads then wait for each other at every op (2-core EPYC Zen 4, a busy process beside it, S = 204:
+        2 threads median 317-469 ms, worst 1.2-1.75 s; one thread 168-228 ms, worst 0.19-0.31 s; quiet, 2 threads
+        95-115 ms, layers at 1.1-1.3x their fastest, 1 % of them 3.4x, one at a time; one thread quiet 150-160
+        ms, hence 1.8: past it one thread is faster). The next :data:`PREFILL_SOLO`
+        prefills run on one thread from their start, then one tries all threads again."""
+        self._prefill_fastest = min(self._prefill_fastest, per_position_s)
+        recent = self._prefill_recent
+        recent.append(per_position_s / self._prefill_fastest)
+        if len(recent) > PREFILL_SLOW_LAYERS:
+            recent.pop(0)
+        if len(recent) == PREFILL_SLOW_LAYERS and sum(recent) > PREFILL_SLOW * PREFILL_SLOW_LAYERS:
+            torch.set_num_threads(1)
+            self._prefill_solo_left = PREFILL_SOLO
+
+    def _prefill_layer(self, i: int, blk: Block, h: torch.Tensor, slot: int, s: int, allowed: torch.Tensor,
+                       bias: torch.Tensor | None, *, last: bool) -> torch.Tensor:
+        """Layer ``i`` of the prefill: writes its K/V into cache row ``slot``; the last layer's output is its last
+        position's only (it alone feeds the logits)."""
+        cfg = self.config
+        qkv = self._linear(blk.self_attn.in_proj, h.to(self.compute_dtype))  # [1, S, 3D]
+        q, k, v = qkv.view(s, 3, cfg.heads, cfg.head_dim).permute(1, 2, 0, 3).unbind(0)  # [H, S, hd] each
+        self.kv[i][0, slot, :, :s] = k
+        self.kv[i][1, slot, :, :s] = v
+        mask, add = allowed, bias
+        if last:  # only the last position's output feeds the logits
+            q, h, mask, add = q[:, -1:], h[:, -1:], allowed[-1:], None if bias is None else bias[-1:]
+        a = _prefill_attention(q, k, v, mask, add)[None]  # [1, H, s', hd]
+        a = self._linear(blk.self_attn.out_proj, a.transpose(1, 2).reshape(1, -1, cfg.dim))
+        h = self._norm(h + a.float(), blk.norm1)
+        return self._norm(h + self._ffn(blk, h).float(), blk.norm2)
 
     def decode_step(
         self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor | None = None, kv_len: int = 0

@@ -351,3 +351,45 @@ def test_cuda_graph_replay_equals_eager(golden: Golden, inputs, dtype: torch.dty
             assert runner.replays > 20
     for i in range(len(inputs)):
         np.testing.assert_array_equal(results[1][i], results[0][i])
+
+
+def test_a_cpu_prefill_drops_to_one_thread_when_its_layers_slow_down(model, inputs, monkeypatch) -> None:
+    """Another process took a core: torch's threads then wait for each other at every op, so once the last
+    PREFILL_SLOW_LAYERS layers ran PREFILL_SLOW times slower per position than the fastest seen, the rest of the prefill and the next PREFILL_SOLO
+    prefills run on one thread; the same logits either way, and the caller's thread count comes back."""
+    from engines.gpt_sovits import gpt as gpt_module
+
+    ph, bert, prompt = (torch.as_tensor(a) for a in inputs[0])
+    m = copy.deepcopy(model)
+    seen: list[int] = []  # torch's thread count at each layer
+    layer = m._prefill_layer
+    slow = {"from": 10**9}  # layers from this one on take 10 s (a fake clock)
+    clock = {"now": 0.0}
+
+    def timed_layer(i, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(torch.get_num_threads())
+        clock["now"] += 10.0 if len(seen) > slow["from"] else 0.001
+        return layer(i, *args, **kwargs)
+
+    monkeypatch.setattr(m, "_prefill_layer", timed_layer)
+    monkeypatch.setattr(gpt_module.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(gpt_module, "PREFILL_SLOW_LAYERS", 1)  # (the tiny GPT has 3 layers, 2 of them timed)
+    torch.set_num_threads(2)
+    n = len(m.h.layers)
+    with torch.inference_mode():
+        m.setup_caches(1, 256)
+        quiet = m.prefill(0, ph, bert, prompt)
+        assert seen == [2] * n
+        seen.clear()
+        slow["from"] = 1  # the second layer on is slow (the last layer, one position's, is not timed): the third on
+        shared = m.prefill(0, ph, bert, prompt)  # runs on one thread
+        assert n >= 3 and seen == [2, 2] + [1] * (n - 2) and torch.get_num_threads() == 2
+        for _ in range(gpt_module.PREFILL_SOLO):
+            seen.clear()
+            m.prefill(0, ph, bert, prompt)
+            assert seen == [1] * n and torch.get_num_threads() == 2
+        seen.clear()
+        slow["from"] = 10**9
+        m.prefill(0, ph, bert, prompt)
+        assert seen == [2] * n  # then all threads again
+    torch.testing.assert_close(shared, quiet, atol=1e-5, rtol=0)
