@@ -54,7 +54,7 @@ __all__ = ["GptConfig", "Text2SemanticModel", "build_random_gpt", "KV_BUCKET"]
 PE_POSITIONS = 4000  # rows of the precomputed sinusoid table (upstream's default size)
 KV_BUCKET = 64  # decode attends over the cache prefix rounded up to a multiple of this many positions
 LN_EPS = 1e-5  # layer-norm epsilon (torch TransformerEncoderLayer default, as upstream)
-PREFILL_SLOW = 1.8  # CPU prefill layers this many times slower per position than the fastest, on average over
+PREFILL_SLOW = 2.5  # CPU prefill layers this many times slower per position than the fastest, on average over
 PREFILL_SLOW_LAYERS = 4  # this many in a row: one thread after them (one slow layer alone happens in quiet runs)
 PREFILL_SOLO = 3  # prefills that then run on one thread from their start before all threads are tried again
 
@@ -510,7 +510,8 @@ class Text2SemanticModel(nn.Module):
         torch's threads then wait for each other at every op (2-core EPYC Zen 4, a busy process beside it, S = 204:
         2 threads median 317-469 ms, worst 1.2-1.75 s; one thread 168-228 ms, worst 0.19-0.31 s; quiet, 2 threads
         95-115 ms, layers at 1.1-1.3x their fastest, 1 % of them 3.4x, one at a time; one thread quiet 150-160
-        ms, hence 1.8: past it one thread is faster). The next :data:`PREFILL_SOLO`
+        ms; at 1.8x the quiet pipeline went solo after the vocoder's calls, whose threads still spin, and lost
+        10-20 % of its prefill time). The next :data:`PREFILL_SOLO`
         prefills run on one thread from their start, then one tries all threads again."""
         self._prefill_fastest = min(self._prefill_fastest, per_position_s)
         recent = self._prefill_recent
