@@ -488,7 +488,7 @@ class Text2SemanticModel(nn.Module):
         h = x  # [1, S, D] fp32 residual stream
         n_layers = len(self.h.layers)
         threads = torch.get_num_threads()
-        self._prefill_recent: list[float] = []  # the last layers' times against the fastest
+        self._prefill_recent = []  # this prefill's last layers against the fastest
         if dev.type == "cpu" and self._prefill_solo_left > 0:  # the cores were shared a moment ago: one thread
             self._prefill_solo_left -= 1
             torch.set_num_threads(1)
@@ -511,8 +511,8 @@ class Text2SemanticModel(nn.Module):
         2 threads median 317-469 ms, worst 1.2-1.75 s; one thread 168-228 ms, worst 0.19-0.31 s; quiet, 2 threads
         95-115 ms, layers at 1.1-1.3x their fastest, 1 % of them 3.4x, one at a time; one thread quiet 150-160
         ms; at 1.8x the quiet pipeline went solo after the vocoder's calls, whose threads still spin, and lost
-        10-20 % of its prefill time). The next :data:`PREFILL_SOLO`
-        prefills run on one thread from their start, then one tries all threads again."""
+        10-20 % of its prefill time). The next :data:`PREFILL_SOLO` prefills run on one thread from their start,
+        then one tries all threads again."""
         self._prefill_fastest = min(self._prefill_fastest, per_position_s)
         recent = self._prefill_recent
         recent.append(per_position_s / self._prefill_fastest)
