@@ -1,0 +1,25 @@
+"""GPT-SoVITS in torch: the checkpoints, the GPT, the SoVITS decoder and the SV model, with what they share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ieee_fp32_on_cuda(device: Any) -> None:
+    """On a CUDA ``device``: fp32 convolutions and matrix products in IEEE fp32, not TF32, and attention without
+    cuDNN's kernels. Process-wide, as torch's switches are.
+
+    cuDNN runs fp32 convolutions in TF32 by default: on an H200 that put the fp32 SoVITS waveform up to 7e-4 from
+    upstream's (the conformance bound is 1e-4) and the SV embedding up to 0.27. fp32 on a GPU is the exact mode (the
+    fast ones are fp16/bf16, which this does not touch).
+
+    torch's attention picks cuDNN's on Hopper, which builds a plan for every new shape: on an H200 (torch 2.11) the
+    first prefill of each new sentence length took 0.1-0.9 s instead of 12 ms, and each new cache length of the
+    decode 0.4-0.7 s, stalls a user hears; with flash / memory-efficient attention 12-22 ms."""
+    import torch
+
+    if not str(device).startswith("cuda"):
+        return
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines.base import BERT_DIM, EOS_TOKEN, ModelFormatError
-from engines.gpt_sovits import cpu_step
+from engines.gpt_sovits import cpu_step, ieee_fp32_on_cuda
 from engines.gpt_sovits.checkpoint import GptCheckpoint
 
 log = logging.getLogger(__name__)
@@ -233,6 +233,7 @@ class Text2SemanticModel(nn.Module):
         """
         model = cls(GptConfig.from_dict(ckpt.config))
         model.load_upstream_state_dict(ckpt.state_dict)
+        ieee_fp32_on_cuda(device)
         return model.to_device(device, dtype)
 
     def load_upstream_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engines.base import ModelFormatError
+from engines.gpt_sovits import ieee_fp32_on_cuda
 from engines.gpt_sovits.checkpoint import V2PRO_VERSIONS, SovitsCheckpoint, is_dict
 from engines.gpt_sovits.sovits_modules import (
     Generator,
@@ -229,6 +230,7 @@ class SoVITSDecoder(nn.Module):
         cfg = SovitsConfig.from_checkpoint(ckpt.config, ckpt.state_dict, ckpt.version)
         model = cls(cfg)
         model.load_weights(ckpt.state_dict)
+        ieee_fp32_on_cuda(device)
         model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         log.info(
             "SoVITS %s decoder: hidden %d, gin %d, %d symbols, sv_dim %d, %.1f M params, %s %s",

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engines.base import EngineError, ModelFormatError, ModelPaths, VoicePrompt
+from engines.gpt_sovits import ieee_fp32_on_cuda
 from engines.gpt_sovits.checkpoint import SvCheckpoint, load_sv_checkpoint
 from engines.gpt_sovits.fbank import FBANK_BINS, fbank
 from engines.gpt_sovits.spectrogram import MAX_PEAK_DIVISOR
@@ -223,6 +224,7 @@ class ERes2NetV2(nn.Module):
         model, sd = cls._matched(ckpt)
         expected = model.state_dict()
         model.load_state_dict({k: v.to(expected[k].dtype) for k, v in sd.items()}, strict=True)
+        ieee_fp32_on_cuda(device)
         model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         log.info("SV model ERes2NetV2: m_channels %d, sv_dim %d, %.1f M params, %s %s", ckpt.m_channels,
                  model.out_dim, sum(p.numel() for p in model.parameters()) / 1e6, device, dtype)
