@@ -9,7 +9,8 @@ top level, inside functions, under ``TYPE_CHECKING``. The rules:
   imports it but the one entry in ``ENTRY`` (the bot's command line adds the bench commands);
 - across layers only the package's own surface, ``import synthesis`` or ``from synthesis import X`` with ``X`` in
   ``synthesis.__all__``; never a submodule (``synthesis.pipeline``, ``engines.base``);
-- ``discord`` only in bot/ and cogs/; ``torch``, ``onnxruntime`` and ``tensorrt`` only in engines/.
+- ``discord`` only in bot/ and cogs/; ``torch``, ``onnxruntime`` and ``tensorrt`` only in engines/; ``ray`` only in
+  the two modules of the Ray Serve backend (synthesis/remote.py, synthesis/served.py).
 
 A failure lists every offending import as ``file:line``. The few imports that break a rule on purpose are in
 ``ALLOWED`` below, each with its reason; ``PENDING_SURFACE`` waives the public-surface rule in a folder being
@@ -29,11 +30,13 @@ LAYERS = ("benchmarks", "cogs", "bot", "synthesis", "engines")  # top to bottom;
 PRODUCT = LAYERS[1:]  # the product's own chain
 NOT_FROM = {"benchmarks": {"cogs"}}  # layers below that a layer still may not import
 RANK = {name: i for i, name in enumerate(LAYERS)}
-ONLY_IN = {  # third-party packages and the layers that may import them
+ONLY_IN = {  # third-party packages and the layers (folders) or files that may import them
     "discord": {"bot", "cogs"},
     "torch": {"engines"},
     "onnxruntime": {"engines"},
     "tensorrt": {"engines"},
+    # an optional extra (`.[cluster]`): a one-machine install has no ray, so nothing else may need it
+    "ray": {"synthesis/remote.py", "synthesis/served.py"},
 }
 
 # Files that may reach into the layers below and import torch / onnxruntime, with the reason. Only the direction
@@ -129,8 +132,8 @@ def violations(imports: list[Import], surfaces: dict[str, set[str]]) -> list[Vio
     bad: list[Violation] = []
     for imp in imports:
         top = imp.module.split(".")[0]
-        if top in ONLY_IN and imp.layer not in ONLY_IN[top]:
-            where = " and ".join(f"{d}/" for d in sorted(ONLY_IN[top]))
+        if top in ONLY_IN and not any(imp.file == p or imp.file.startswith(p + "/") for p in ONLY_IN[top]):
+            where = " and ".join(p if p.endswith(".py") else f"{p}/" for p in sorted(ONLY_IN[top]))
             bad.append(Violation(imp, THIRD_PARTY, f"{top} belongs in {where} only"))
         if top not in RANK or top == imp.layer:
             continue
@@ -213,6 +216,8 @@ def test_the_checker_finds_each_kind_of_offence(tmp_path: Path) -> None:
         "synthesis/b.py": "def f():\n    import discord\n    from engines.base import SpeechError\n",
         "synthesis/c/d.py": "from ..e import x\nfrom . import g\nfrom engines import SpeechError, Secret\n",
         "bot/f.py": "import torch.nn as nn\nimport synthesis\nfrom synthesis import Synthesizer\nfrom bot.x import y\n",
+        "synthesis/remote.py": "from ray import serve\n",
+        "synthesis/pipeline.py": "import ray\n",
     })
     assert found == [
         "engines/a.py:3 engines/ is below synthesis/: imports point cogs -> bot -> synthesis -> engines",
@@ -220,6 +225,7 @@ def test_the_checker_finds_each_kind_of_offence(tmp_path: Path) -> None:
         "synthesis/b.py:3 reaches into engines.base: import it from the package (engines)",
         "synthesis/c/d.py:3 Secret not in engines.__all__",
         "bot/f.py:1 torch belongs in engines/ only",
+        "synthesis/pipeline.py:1 ray belongs in synthesis/remote.py and synthesis/served.py only",
     ]
     assert [imp.module for imp in imports_of(tmp_path / "synthesis/c/d.py", tmp_path)] == [
         "synthesis.e", "synthesis.c.g", "engines"]
