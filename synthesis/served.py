@@ -45,7 +45,7 @@ from engines import EngineError, SpeechError
 from synthesis.cache import SynthesisCache
 from synthesis.remote import FileReports, Stores
 from synthesis.types import Voice, VoiceNotFound
-from synthesis.voices import DB_FILE, Removed, VoiceError, VoiceStore
+from synthesis.voices import DB_FILE, HeldVoices, Removed, VoiceError, VoiceStore
 
 log = logging.getLogger(__name__)
 ray: Any = importlib.import_module("ray")  # Ray's own type information is partial: used as Any
@@ -358,13 +358,11 @@ class ServedVoices(VoiceStore):
         self.cache = cache
         self.db_path = root / DB_FILE
         self._link = link
-        self._held: dict[str, tuple[Stamp, Voice]] = {}
-        self._held_lock = threading.Lock()
+        self._held = HeldVoices()
 
     def close(self) -> None:
         """Forget the arrays held here (the actor holds the database)."""
-        with self._held_lock:
-            self._held.clear()
+        self._held.clear()
 
     def create(self, *args: Any, **kwargs: Any) -> Voice:  # type: ignore[override]  # VoiceStore.create's arguments
         return self._keep(*self._link.call("call_voices", "create", args, kwargs))
@@ -386,8 +384,7 @@ class ServedVoices(VoiceStore):
 
     def get(self, voice_id: str) -> Voice:
         """The voice, its arrays from here when this replica holds its current stamp (one call either way)."""
-        with self._held_lock:
-            held = self._held.get(voice_id)
+        held = self._held.get(voice_id)
         try:
             stamp, voice = self._link.call("voice", voice_id, None if held is None else held[0])
         except VoiceNotFound:
@@ -419,18 +416,14 @@ class ServedVoices(VoiceStore):
 
     def forget_deleted(self) -> int:
         """Drop the arrays held here of voices deleted since (one call); how many went."""
-        with self._held_lock:
-            held = list(self._held)
+        held = self._held.ids()
         gone: set[str] = set(held) - set(self.present(held)) if held else set()
         for voice_id in gone:
             self._drop(voice_id)
         return len(gone)
 
     def _keep(self, stamp: Stamp, voice: Voice) -> Voice:
-        with self._held_lock:
-            self._held[voice.id] = (stamp, voice)
-        return voice
+        return self._held.put(stamp, voice)
 
     def _drop(self, voice_id: str) -> None:
-        with self._held_lock:
-            self._held.pop(voice_id, None)
+        self._held.drop(voice_id)

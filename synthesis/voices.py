@@ -55,6 +55,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -83,6 +84,9 @@ NAME_RE = re.compile(r"[\w -]{1,32}")  # letters, digits, underscore, space, hyp
 _ID_RE = re.compile(r"[0-9a-f]{32}")
 BUSY_TIMEOUT_MS = 30_000  # how long a write waits for another process's write transaction
 REPLACE_WAIT_S = 2.0  # how long a read waits for another process's replace to commit
+# voices whose prompt arrays a process keeps in memory (about 0.2 MB each: the prompt's BERT features are 1024 floats
+# per phone); the least recently used leaves first and is read from disk again when next asked for
+HELD_VOICES = 256
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "9p", "fuse.sshfs", "afs")
 SCHEMA_VERSION = 1  # PRAGMA user_version of the database
 _SCHEMA = """
@@ -144,6 +148,48 @@ class Removed:
     cache_entries: int  # prosody + audio cache entries removed
 
 
+class HeldVoices:
+    """The voices a process used lately, each with the stamp it was read at (``(version, folder inode)``): at most
+    ``limit``, the least recently used dropped first, so a bot that has spoken in thousands of voices holds only the
+    ones in use. Thread-safe."""
+
+    def __init__(self, limit: int = HELD_VOICES) -> None:
+        self.limit = limit
+        self._voices: OrderedDict[str, tuple[tuple[int, int], Voice]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, voice_id: str) -> tuple[tuple[int, int], Voice] | None:
+        """The (stamp, voice) held for ``voice_id``, now the most recently used; None when not held."""
+        with self._lock:
+            held = self._voices.get(voice_id)
+            if held is not None:
+                self._voices.move_to_end(voice_id)
+            return held
+
+    def put(self, stamp: tuple[int, int], voice: Voice) -> Voice:
+        with self._lock:
+            self._voices[voice.id] = (stamp, voice)
+            self._voices.move_to_end(voice.id)
+            while len(self._voices) > self.limit:
+                self._voices.popitem(last=False)
+        return voice
+
+    def drop(self, voice_id: str) -> None:
+        with self._lock:
+            self._voices.pop(voice_id, None)
+
+    def ids(self) -> list[str]:
+        with self._lock:
+            return list(self._voices)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._voices.clear()
+
+    def __len__(self) -> int:
+        return len(self._voices)
+
+
 class VoiceStore:
     """Voices: rows of one SQLite database plus one folder each; see the module docstring for the steps and the
     crash rules.
@@ -161,7 +207,7 @@ class VoiceStore:
         self._local = threading.local()  # this thread's connection (sqlite3 connections are not shared)
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
-        self._loaded: dict[str, tuple[tuple[int, int], Voice]] = {}  # id -> ((version, folder inode), voice)
+        self._held = HeldVoices()  # the prompt arrays of the voices used lately
         self.root.mkdir(parents=True, exist_ok=True)
         fs = _network_filesystem(self.root)
         if fs is not None:
@@ -306,7 +352,7 @@ class VoiceStore:
                     shutil.rmtree(tmp, ignore_errors=True)
                 raise
         shutil.rmtree(old, ignore_errors=True)
-        self._loaded.pop(voice_id, None)
+        self._held.drop(voice_id)
         removed = self.cache.invalidate_voice(voice_id) if self.cache is not None else 0
         log.info("voice %s replaced (version %d, %d cache entries removed)", voice_id, meta["version"], removed)
         return self.get(voice_id)
@@ -341,7 +387,7 @@ class VoiceStore:
                     names, size, trash = [], 0, None
                 db.execute("DELETE FROM voices WHERE id = ?", (voice_id,))
             self._checkpoint()
-            self._loaded.pop(voice_id, None)
+            self._held.drop(voice_id)
             entries = self.cache.retire_voice(voice_id) if self.cache is not None else 0
             if trash is not None:
                 shutil.rmtree(trash)
@@ -404,8 +450,8 @@ class VoiceStore:
         where, args = ("", ()) if owner_id is None else (" WHERE owner_id = ?", (int(owner_id),))
         rows = self._db().execute(f"{_SELECT}{where} ORDER BY name_key, id", args).fetchall()
         if owner_id is None:  # forget the arrays of voices deleted elsewhere
-            for gone in self._loaded.keys() - {str(r[0]) for r in rows}:
-                self._loaded.pop(gone, None)
+            for gone in set(self._held.ids()) - {str(r[0]) for r in rows}:
+                self._held.drop(gone)
         voices: list[Voice] = []
         for row in rows:
             try:
@@ -426,10 +472,10 @@ class VoiceStore:
         """Drop the prompt arrays held in memory of voices deleted since (by any process); how many went. A
         process that serves many voices calls it now and then, so that a deleted voice's arrays do not stay in its
         memory until somebody asks for that voice again."""
-        held = list(self._loaded)
+        held = self._held.ids()
         gone = set(held) - set(self.present(held))
         for voice_id in gone:
-            self._loaded.pop(voice_id, None)
+            self._held.drop(voice_id)
         return len(gone)
 
     # --- internals ----------------------------------------------------------------------------------------------
@@ -448,7 +494,7 @@ class VoiceStore:
         while True:
             try:
                 inode = folder.stat().st_ino
-                hit = self._loaded.get(voice_id)
+                hit = self._held.get(voice_id)
                 if hit is not None and hit[0] == (version, inode):
                     return hit[1]
                 prompt, stamp = _read_prompt(folder / PROMPT_FILE)
@@ -468,8 +514,7 @@ class VoiceStore:
         voice = Voice(id=voice_id, name=meta["name"], owner_id=int(meta["owner_id"]), version=version,
                       language=meta["language"], prompt_text=meta["prompt_text"], prompt=prompt,
                       model_id=meta["model_id"])
-        self._loaded[voice_id] = ((version, inode), voice)
-        return voice
+        return self._held.put((version, inode), voice)
 
     def _meta_in(self, db: sqlite3.Connection, voice_id: str) -> dict[str, Any]:
         """A voice's row as a dict (VoiceNotFound when there is none)."""

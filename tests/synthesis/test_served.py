@@ -111,10 +111,10 @@ def test_a_deleted_voices_arrays_leave_a_replica_that_never_asks_for_it_again(se
     voices.get(kept.id), voices.get(gone.id)
     assert voices.forget_deleted() == 0
     actor.voices.delete(gone.id)  # through another replica or the client
-    assert voices.forget_deleted() == 1 and set(voices._held) == {kept.id}  # white-box: the arrays held here
+    assert voices.forget_deleted() == 1 and voices._held.ids() == [kept.id]  # white-box: the arrays held here
     # the same for a local store whose voice another process deleted
     local = VoiceStore(actor.voices.root, cache=actor.cache)
     local.get(kept.id)
     actor.voices.delete(kept.id)
-    assert local.forget_deleted() == 1 and not local._loaded
+    assert local.forget_deleted() == 1 and not len(local._held)
     local.close()

@@ -79,6 +79,21 @@ def test_create_get_roundtrip(tmp_path: Path) -> None:
     assert meta["reference"]["warnings"] == ["noisy"] and meta["reference"]["duration_s"] == 4.0
 
 
+def test_a_store_holds_the_arrays_of_its_recent_voices_only(tmp_path: Path) -> None:
+    """A bot that has spoken in many voices keeps the arrays of the most recently used ``HELD_VOICES`` only; the
+    others are read from disk again when next asked for, the same voice."""
+    store = VoiceStore(tmp_path / "voices")
+    store._held.limit = 3  # white-box: the bound (256 by default), small for the test
+    made = [create(store, name=f"V{i}", seed=i) for i in range(5)]
+    assert store._held.ids() == [v.id for v in made[2:]]  # created = used; the two oldest left
+    store.get(made[2].id)  # used again: now the most recent
+    again = store.get(made[0].id)  # read from disk, and the least recently used (made[3]) leaves
+    assert store._held.ids() == [made[4].id, made[2].id, made[0].id]
+    np.testing.assert_array_equal(again.prompt.prompt_bert, make_prompt(0).prompt_bert)
+    assert store.get(made[0].id) is again  # held now: the same arrays, no read
+    assert voices_mod.HELD_VOICES == 256
+
+
 def test_names_validated_and_unique_per_owner(tmp_path: Path) -> None:
     store = VoiceStore(tmp_path)
     create(store, "Alice")
