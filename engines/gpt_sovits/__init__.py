@@ -21,5 +21,10 @@ def ieee_fp32_on_cuda(device: Any) -> None:
     if not str(device).startswith("cuda"):
         return
     torch.backends.cuda.enable_cudnn_sdp(False)
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+    conv = getattr(torch.backends.cudnn, "conv", None)  # torch 2.9+: per-operator precision (what ran on the H200)
+    if conv is not None and hasattr(conv, "fp32_precision"):
+        conv.fp32_precision = "ieee"
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+    else:
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
