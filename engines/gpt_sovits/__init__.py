@@ -21,10 +21,8 @@ def ieee_fp32_on_cuda(device: Any) -> None:
     if not str(device).startswith("cuda"):
         return
     torch.backends.cuda.enable_cudnn_sdp(False)
-    conv = getattr(torch.backends.cudnn, "conv", None)  # torch 2.9+: per-operator precision (what ran on the H200)
-    if conv is not None and hasattr(conv, "fp32_precision"):
-        conv.fp32_precision = "ieee"
-        torch.backends.cuda.matmul.fp32_precision = "ieee"
-    else:
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+    # torch's old switches, not its per-operator precision (fp32_precision = "ieee", what ran on the H200): after
+    # that one, reading torch.backends.cudnn.allow_tf32, as other code may, raises (torch 2.13); these set every
+    # operator's precision to "none", which is not TF32
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
