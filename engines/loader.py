@@ -155,10 +155,12 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
         return torch_engine()
     try:
         return graph_engine()
-    except EngineError as e:
+    except Exception as e:  # auto's fallback: any failure to build it, reported
         if engine.backend != "auto":
             raise
-        # auto chose this backend for speed; a model it cannot export or build must not keep the bot from speaking
+        # auto chose this backend for speed; a model it cannot export or build must not keep the bot from speaking.
+        # Not only EngineError: an unexpected error from ONNX Runtime or TensorRT (an API of another version, a
+        # driver) falls back too, with its traceback in the log.
         log.warning("%s engine unavailable (%s); using the torch engine instead",
-                    {"onnx": "ONNX", "tensorrt": "TensorRT"}[backend], e)
+                    {"onnx": "ONNX", "tensorrt": "TensorRT"}[backend], e, exc_info=not isinstance(e, EngineError))
         return torch_engine()

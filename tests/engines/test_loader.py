@@ -85,3 +85,15 @@ def test_auto_on_a_cpu_falls_back_to_torch_when_the_onnx_engine_cannot_load(tmp_
     assert "ONNX engine unavailable (export failed (simulated)); using the torch engine" in caplog.text
     with pytest.raises(EngineError, match="export failed"):  # an explicit onnx choice reports the failure
         load_engine(dataclasses.replace(auto, backend="onnx"), models)
+
+    def crash(*args, **kwargs):  # not an EngineError: a runtime's own error, as from another version of its API
+        raise AttributeError("'Builder' object has no attribute 'build_serialized_network' (simulated)")
+
+    monkeypatch.setattr(engines.onnx_engine.OnnxEngine, "from_files", crash)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="engines.loader"):
+        assert load_engine(auto, models).name == "torch"
+    assert "ONNX engine unavailable ('Builder' object has no attribute" in caplog.text
+    assert "Traceback" in caplog.text  # an unexpected error brings its traceback to the log
+    with pytest.raises(AttributeError):
+        load_engine(dataclasses.replace(auto, backend="onnx"), models)
