@@ -56,7 +56,7 @@ from synthesis.cluster import ClusterOptions
 from synthesis.pipeline import stream_sentences
 from synthesis.types import AudioChunk, BusyError, Limits, SynthesisParams, Voice
 from synthesis.voices import Removed, VoiceStore
-from synthesis.voicing import VoiceOrder, create_voice
+from synthesis.voicing import VoiceOrder, VoiceTasks, create_voice
 
 if TYPE_CHECKING:
     from synthesis.pipeline import Synthesizer
@@ -567,7 +567,7 @@ class RemoteVoicing:
     def __init__(self, synth: RemoteSynthesizer) -> None:
         self.synth = synth
         self.last_replica = ""  # the replica that encoded the last voice created here (tests, logs)
-        self._precomputing: dict[asyncio.Task[int], str] = {}
+        self._precomputing = VoiceTasks()
 
     create = create_voice  # the argument handling, one body with the local ``Voicing.create``
 
@@ -590,21 +590,10 @@ class RemoteVoicing:
                 progress("done", 1.0)
             return int(done)
 
-        task = asyncio.create_task(run())
-        self._precomputing[task] = voice.id
-        task.add_done_callback(self._done)
-        return task
-
-    def _done(self, task: asyncio.Task[int]) -> None:
-        self._precomputing.pop(task, None)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("precompute failed: %s", task.exception())
+        return self._precomputing.start(voice.id, run())
 
     async def stop_precompute(self, voice_id: str | None = None) -> None:
-        pending = [t for t, vid in self._precomputing.items() if voice_id is None or vid == voice_id]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await self._precomputing.stop(voice_id)
 
     async def delete(self, voice_id: str) -> Removed:
         """Remove the voice and every derived byte from the shared folders (every replica reads the same ones)."""

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Coroutine, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -27,6 +27,31 @@ MIN_ROOM_POSITIONS = 400  # GPT context a voice's prompt must leave for a senten
 TOKENS_PER_S = SAMPLE_RATE / SAMPLES_PER_TOKEN  # semantic tokens per second of reference (25)
 GPT_CONTEXT = 2048  # the engines' GPT context per request (engines.gpt_sovits.generate.MAX_CONTEXT) unless they say
 Progress = Callable[[str, float], None]
+
+
+class VoiceTasks:
+    """Background work for voices (the phrase precomputes), by the voice each is for: a failure is logged, and
+    :meth:`stop` cancels one voice's tasks (or all) and waits for them to end."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[asyncio.Task[int], str] = {}  # task -> voice id
+
+    def start(self, voice_id: str, work: Coroutine[Any, Any, int]) -> asyncio.Task[int]:
+        task = asyncio.create_task(work)
+        self._tasks[task] = voice_id
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[int]) -> None:
+        self._tasks.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("precompute failed: %s", task.exception())
+
+    async def stop(self, voice_id: str | None = None) -> None:
+        pending = [t for t, vid in self._tasks.items() if voice_id is None or vid == voice_id]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 @dataclass(frozen=True)
@@ -103,7 +128,7 @@ class Voicing:
         self.limits = limits
         self.defaults = defaults
         self.uses_sv: bool | None = None  # does the engine's SoVITS read SV features (v2Pro)? None: not yet known
-        self._precomputing: dict[asyncio.Task[int], str] = {}  # precompute task -> voice id
+        self._precomputing = VoiceTasks()
         self._reencoding: dict[str, asyncio.Lock] = {}  # voice id -> lock held while it is re-encoded
 
     @property
@@ -229,26 +254,16 @@ class Voicing:
     def precompute(self, voice: Voice, phrases: Sequence[str], progress: Progress | None = None,
                    params: SynthesisParams | None = None) -> asyncio.Task[int]:
         """Compute the prosody of ``phrases`` in the background (live requests always go first)."""
-        task = asyncio.create_task(self._precompute(voice, list(phrases), progress, params or self.defaults))
-        self._precomputing[task] = voice.id
-        task.add_done_callback(self._precompute_done)
-        return task
+        return self._precomputing.start(voice.id, self._precompute(voice, list(phrases), progress,
+                                                                   params or self.defaults))
 
     async def _precompute(self, voice: Voice, phrases: list[str], progress: Progress | None,
                           params: SynthesisParams) -> int:
         return await precompute_phrases(self.stages, await self.fit(voice), phrases, params, progress)
 
-    def _precompute_done(self, task: asyncio.Task[int]) -> None:
-        self._precomputing.pop(task, None)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("precompute failed: %s", task.exception())
-
     async def stop_precompute(self, voice_id: str | None = None) -> None:
         """Cancel the background precomputes of one voice (every voice when None) and wait for them to end."""
-        pending = [t for t, vid in self._precomputing.items() if voice_id is None or vid == voice_id]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await self._precomputing.stop(voice_id)
 
     # ---- delete ------------------------------------------------------------------------------------------------
 
