@@ -146,6 +146,23 @@ async def test_a_prosody_hit_on_another_replica_skips_the_gpt(remote, local, ali
         assert np.array_equal(np.concatenate([c.audio for c in chunks]), solo)
 
 
+async def test_phrases_precomputed_on_a_replica_are_prosody_hits_for_every_replica(remote, local, alice):
+    phrases = ["Precomputed once here.", "And a second phrase."]  # a sentence each
+    before = entries(remote)
+    done = await remote.voicing.precompute(alice, phrases, params=PARAMS)
+    assert done == len(phrases)
+    await stored(remote, {"prosody": before["prosody"] + done, "audio": before["audio"]})  # prosody only
+    for phrase in phrases:
+        chunks = await collect(remote.stream(phrase, alice.id, PARAMS))
+        assert chunks[-1].timings["prosody_hit"] == 1.0 and chunks[-1].timings["gpt_s"] == 0.0
+        assert same([c.audio for c in chunks], (await run(local, phrase, alice.id))[0])
+    # a precompute in flight stops when it is told to (as a voice's delete does first), on the replica too
+    task = remote.voicing.precompute(alice, [f"Long list {i}." for i in range(40)], params=PARAMS)
+    await asyncio.sleep(0.2)
+    await remote.voicing.stop_precompute(alice.id)
+    assert task.cancelled()
+
+
 def test_a_storage_call_costs_about_a_millisecond(config, remote):
     """The replicas' round trip to the storage actor, measured from this process (on its node, as a replica on
     another node of this machine): a cache lookup, made on a replica's event loop once per sentence."""
