@@ -414,14 +414,6 @@ class ServedVoices(VoiceStore):
     def present(self, voice_ids: Sequence[str]) -> list[str]:
         return self._link.call("call_voices", "present", (list(voice_ids),), {})
 
-    def forget_deleted(self) -> int:
-        """Drop the arrays held here of voices deleted since (one call); how many went."""
-        held = self._held.ids()
-        gone: set[str] = set(held) - set(self.present(held)) if held else set()
-        for voice_id in gone:
-            self._drop(voice_id)
-        return len(gone)
-
     def _keep(self, stamp: Stamp, voice: Voice) -> Voice:
         return self._held.put(stamp, voice)
 

@@ -290,8 +290,9 @@ class EarlyAudio:
         """Tokens from the GPT (or all of them from the cache)."""
         if self._closed:
             return
-        self._seen.append(np.asarray(new_tokens, np.int64))
-        self._count += int(np.asarray(new_tokens).size)
+        tokens = np.asarray(new_tokens, np.int64)
+        self._seen.append(tokens)
+        self._count += tokens.size
         self._more.set()
 
     def close(self) -> None:

@@ -473,7 +473,7 @@ class VoiceStore:
         process that serves many voices calls it now and then, so that a deleted voice's arrays do not stay in its
         memory until somebody asks for that voice again."""
         held = self._held.ids()
-        gone = set(held) - set(self.present(held))
+        gone: set[str] = set(held) - set(self.present(held)) if held else set()  # (none held: no query)
         for voice_id in gone:
             self._held.drop(voice_id)
         return len(gone)

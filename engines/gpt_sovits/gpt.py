@@ -189,7 +189,6 @@ class Text2SemanticModel(nn.Module):
         self.compute_dtype = torch.float32  # dtype of the transformer's linear weights
         self._prefill_fastest = math.inf  # a CPU prefill layer's fastest time per position seen (all threads)
         self._prefill_solo_left = 0  # prefills still to run on one thread (the cores were shared just now)
-        self._prefill_recent: list[float] = []  # the current prefill's last layers against the fastest
         self.cache_dtype = torch.float32  # dtype of the KV cache: compute dtype, or bf16 for the int8 CPU path
         self.quantized = False  # int8 linears (quantize_int8)
         self.use_fused = True  # decode with the fused CPU step where it can run (tests turn it off to compare)
@@ -432,14 +431,14 @@ class Text2SemanticModel(nn.Module):
         lib = cpu_step.load_library() if packed is not None else None
         if packed is None or lib is None:
             return Text2SemanticModel._weight_only(lin, x)
-        if x.shape[1] == 1:  # the last layer's one row: no fp32 copy of the weight (7 ms for a 512x2048 one)
-            return cpu_step.linear(lib, cast(torch.Tensor, lin.weight), _weight_scale(lin),
-                                   cast(torch.Tensor, lin.bias), x[0])[None]
-        y = torch.ops.quantized.linear_dynamic(x, packed, True)
         # the last row by the step's own int8 product (reads the int8 weight once; converting it to fp32 for F.linear
-        # cost ~30 ms of a 0.3 s prefill)
-        y[:, -1] = cpu_step.linear(lib, cast(torch.Tensor, lin.weight), _weight_scale(lin),
-                                   cast(torch.Tensor, lin.bias), x[:, -1])
+        # cost ~30 ms of a 0.3 s prefill, 7 ms for one 512x2048 weight)
+        last = cpu_step.linear(lib, cast(torch.Tensor, lin.weight), _weight_scale(lin), cast(torch.Tensor, lin.bias),
+                               x[:, -1])  # [1, out]
+        if x.shape[1] == 1:  # the last layer's one row
+            return last[None]
+        y = torch.ops.quantized.linear_dynamic(x, packed, True)
+        y[:, -1] = last
         return y
 
     @staticmethod
@@ -489,7 +488,7 @@ class Text2SemanticModel(nn.Module):
         h = x  # [1, S, D] fp32 residual stream
         n_layers = len(self.h.layers)
         threads = torch.get_num_threads()
-        self._prefill_recent = []  # this prefill's last layers against the fastest
+        recent: list[float] = []  # this prefill's last layers against the fastest
         if dev.type == "cpu" and self._prefill_solo_left > 0:  # the cores were shared a moment ago: one thread
             self._prefill_solo_left -= 1
             torch.set_num_threads(1)
@@ -498,14 +497,14 @@ class Text2SemanticModel(nn.Module):
                 t0 = time.perf_counter()
                 h = self._prefill_layer(i, blk, h, slot, s, allowed, bias, last=i == n_layers - 1)
                 if dev.type == "cpu" and i < n_layers - 1 and torch.get_num_threads() > 1:
-                    self._watch_prefill_layer((time.perf_counter() - t0) / s)
+                    self._watch_prefill_layer((time.perf_counter() - t0) / s, recent)
         finally:
             if threads != torch.get_num_threads():
                 torch.set_num_threads(threads)
         self.text_len[slot] = tx
         return self.ar_predict_layer(h[0, -1])
 
-    def _watch_prefill_layer(self, per_position_s: float) -> None:
+    def _watch_prefill_layer(self, per_position_s: float, recent: list[float]) -> None:
         """One thread for the rest of a CPU prefill once :data:`PREFILL_SLOW_LAYERS` layers in a row ran on average
         :data:`PREFILL_SLOW` times slower per position than the fastest seen: another process has a core, and
         torch's threads then wait for each other at every op (2-core EPYC Zen 4, a busy process beside it, S = 204:
@@ -513,9 +512,8 @@ class Text2SemanticModel(nn.Module):
         95-115 ms, layers at 1.1-1.3x their fastest, 1 % of them 3.4x, one at a time; one thread quiet 150-160
         ms; at 1.8x the quiet pipeline went solo after the vocoder's calls, whose threads still spin, and lost
         10-20 % of its prefill time). The next :data:`PREFILL_SOLO` prefills run on one thread from their start,
-        then one tries all threads again."""
+        then one tries all threads again. ``recent``: this prefill's last layers against the fastest (appended to)."""
         self._prefill_fastest = min(self._prefill_fastest, per_position_s)
-        recent = self._prefill_recent
         recent.append(per_position_s / self._prefill_fastest)
         if len(recent) > PREFILL_SLOW_LAYERS:
             recent.pop(0)

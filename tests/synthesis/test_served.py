@@ -52,8 +52,9 @@ def served(tmp_path: Path):
 
 
 def test_the_stand_ins_override_every_public_method_of_what_they_stand_in_for():
-    # (cacheable is pure: the seed policy, from reuse_random)
-    for base, stand_in, pure in ((VoiceStore, ServedVoices, set()), (SynthesisCache, ServedCache, {"cacheable"})):
+    # (cacheable is pure: the seed policy, from reuse_random; forget_deleted too: the held arrays and present())
+    for base, stand_in, pure in ((VoiceStore, ServedVoices, {"forget_deleted"}),
+                                 (SynthesisCache, ServedCache, {"cacheable"})):
         public = {n for n, v in inspect.getmembers(base, inspect.isfunction) if not n.startswith("_")}
         own = {n for n in vars(stand_in) if not n.startswith("_")}
         static = {n for n in public if isinstance(inspect.getattr_static(base, n), staticmethod)}
