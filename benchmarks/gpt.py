@@ -50,7 +50,12 @@ REFERENCE_S = 3  # seconds of the synthetic reference a family's voice is encode
 CONTEND_LIMIT_S = 3600  # a competitor process ends by itself after this, whatever happens to the bench
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OMP_WAIT_POLICY",
-           "OMP_NUM_THREADS")  # knobs that change which kernels run: reported when set
+           "OMP_NUM_THREADS", "VOICEBOT_MARCH", "LD_PRELOAD")  # knobs that change which kernels run: reported when set
+# How the libraries learn each ISA flag (torch's cpuinfo reads CPUID as ONNX Runtime, oneDNN and fbgemm do); where
+# it says no to a flag /proc/cpuinfo lists, CPUID is masked (``make bench-avx2``) and the kernels are the narrower ISA's.
+SEEN_BY_LIBRARIES = {"avx2": "_is_avx2_supported", "avx512f": "_is_avx512_supported",
+                     "avx512_vnni": "_is_vnni_supported", "avx512_bf16": "_is_avx512_bf16_supported",
+                     "amx_tile": "_is_amx_tile_supported"}
 
 
 @dataclass
@@ -125,9 +130,24 @@ def machine_info(threads: int) -> dict[str, Any]:
         **{k: runtimes[k] for k in ("torch", "torch_cpu_capability", "torch_quantized_engine")},
         "env": {k: os.environ[k] for k in ISA_ENV if k in os.environ},
     }
+    hidden = hidden_isa(info["isa"])
+    if hidden:
+        info["isa_hidden"] = hidden
     info.update({k: v for k, v in runtimes.items() if k not in info})
     info["read_gb_s"] = read_bandwidth_gb_s(threads)
     return info
+
+
+def hidden_isa(isa: dict[str, bool]) -> list[str]:
+    """The flags of ``isa`` (from /proc/cpuinfo) that the libraries do not see (CPUID masked, ``make bench-avx2``)."""
+    import torch
+
+    hidden = []
+    for flag, probe in SEEN_BY_LIBRARIES.items():
+        seen = getattr(torch.cpu, probe, None)
+        if isa.get(flag) and seen is not None and not seen():
+            hidden.append(flag)
+    return hidden
 
 
 def read_bandwidth_gb_s(threads: int) -> float:
@@ -702,6 +722,8 @@ def format_machine(info: dict[str, Any]) -> str:
     ort = f"onnxruntime {info['onnxruntime']} ({', '.join(info.get('onnxruntime_providers', []))})" \
         if info.get("onnxruntime") else "onnxruntime not installed"
     env = " ".join(f"{k}={v}" for k, v in info["env"].items())
+    if info.get("isa_hidden"):
+        isa += f" (hidden from the libraries: {' '.join(info['isa_hidden'])}; they run that CPU's narrower kernels)"
     return (f"CPU: {info['cpu']}, {info['cores']} cores usable; ISA: {isa}\n"
             f"torch {info['torch']} (ATen kernels {info['torch_cpu_capability']}, quantized engine "
             f"{info['torch_quantized_engine']}); {ort}\n"
