@@ -51,11 +51,6 @@ CONTEND_LIMIT_S = 3600  # a competitor process ends by itself after this, whatev
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OMP_WAIT_POLICY",
            "OMP_NUM_THREADS", "VOICEBOT_MARCH", "LD_PRELOAD")  # knobs that change which kernels run: reported when set
-# How the libraries learn each ISA flag (torch's cpuinfo reads CPUID as ONNX Runtime, oneDNN and fbgemm do); where
-# it says no to a flag /proc/cpuinfo lists, CPUID is masked (``make bench-avx2``) and the kernels are the narrower ISA's.
-SEEN_BY_LIBRARIES = {"avx2": "_is_avx2_supported", "avx512f": "_is_avx512_supported",
-                     "avx512_vnni": "_is_vnni_supported", "avx512_bf16": "_is_avx512_bf16_supported",
-                     "amx_tile": "_is_amx_tile_supported"}
 
 
 @dataclass
@@ -139,15 +134,12 @@ def machine_info(threads: int) -> dict[str, Any]:
 
 
 def hidden_isa(isa: dict[str, bool]) -> list[str]:
-    """The flags of ``isa`` (from /proc/cpuinfo) that the libraries do not see (CPUID masked, ``make bench-avx2``)."""
-    import torch
+    """The flags of ``isa`` (from /proc/cpuinfo) that the libraries do not see (CPUID masked, ``make bench-avx2``):
+    the kernels that run are the narrower ISA's."""
+    from engines import instruments
 
-    hidden = []
-    for flag, probe in SEEN_BY_LIBRARIES.items():
-        seen = getattr(torch.cpu, probe, None)
-        if isa.get(flag) and seen is not None and not seen():
-            hidden.append(flag)
-    return hidden
+    seen = instruments.isa_seen()
+    return [flag for flag, on in isa.items() if on and seen.get(flag) is False]
 
 
 def read_bandwidth_gb_s(threads: int) -> float:

@@ -70,6 +70,25 @@ def runtime_info() -> dict[str, Any]:
     return info
 
 
+# How the libraries learn each ISA flag: torch's cpuinfo reads CPUID, as ONNX Runtime, oneDNN and fbgemm do.
+_SEEN_BY_LIBRARIES = {"avx2": "_is_avx2_supported", "avx512f": "_is_avx512_supported",
+                      "avx512_vnni": "_is_vnni_supported", "avx512_bf16": "_is_avx512_bf16_supported",
+                      "amx_tile": "_is_amx_tile_supported"}
+
+
+def isa_seen() -> dict[str, bool]:
+    """The ISA flags as the libraries see them (CPUID), for those torch can tell; where CPUID is masked (``make
+    bench-avx2``) they differ from /proc/cpuinfo, and the kernels that run are the narrower ISA's."""
+    import torch
+
+    seen: dict[str, bool] = {}
+    for flag, probe in _SEEN_BY_LIBRARIES.items():
+        fn = getattr(torch.cpu, probe, None)
+        if fn is not None:
+            seen[flag] = bool(fn())
+    return seen
+
+
 def read_bandwidth_gb_s(threads: int) -> float:
     """Memory read bandwidth in GB/s: a large fp32 array summed with ``threads`` threads (0: every core), best of 5.
 
