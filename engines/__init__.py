@@ -11,14 +11,6 @@ from __future__ import annotations
 
 import importlib
 import os
-
-# MKL's strict conditional numerical reproducibility: the same fp32 products whatever the thread count. A CPU
-# prefill drops to one thread when another process takes a core (engines/gpt_sovits/gpt.py), and without this 24 of
-# 172 prefill-like product shapes (rows 1-39, 64-230) came out differently on one thread than on two (MKL splits
-# small row counts another way), so a seeded sentence could speak other tokens under load than when quiet. Measured on
-# a 2-core EPYC Zen 4: no cost (204x512x2048: 2.6 ms strict, 2.9 ms without). Read by MKL at its first call, which
-# comes after this import; a value set by the user stays.
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 from typing import TYPE_CHECKING, Any
 
 from engines.base import (
@@ -35,6 +27,14 @@ from engines.base import (
     VoicePrompt,
 )
 from engines.loader import load_engine
+
+# MKL's strict conditional numerical reproducibility: the same fp32 products whatever the thread count. A CPU
+# prefill drops to one thread when another process takes a core (engines/gpt_sovits/gpt.py), and without this 24 of
+# 172 prefill-like product shapes (rows 1-39, 64-230) came out differently on one thread than on two (MKL splits
+# small row counts another way), so a seeded sentence could speak other tokens under load than when quiet. Measured on
+# a 2-core EPYC Zen 4: no cost (204x512x2048: 2.6 ms strict, 2.9 ms without). Read by MKL at its first call, which
+# comes after this import; a value set by the user stays.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 if TYPE_CHECKING:
     from engines import instruments

@@ -11,17 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from engines.gpt_sovits.cpu_step import _cpu_flags  # pyright: ignore[reportPrivateUsage]
+
 ROOT = Path(__file__).resolve().parents[2]
+HOST_FLAGS = set(_cpu_flags().split())
 
-
-def _cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-pytestmark = pytest.mark.skipif(not Path("/proc/cpuinfo").is_file() or "cpuid_fault" not in _cpu_flags()
+pytestmark = pytest.mark.skipif("cpuid_fault" not in HOST_FLAGS
                                 or shutil.which("cc") is None,
                                 reason="needs Linux CPUID faulting (cpuid_fault) and a C compiler")
 
@@ -42,7 +37,8 @@ def _python(mask: Path, code: str, *args: str) -> subprocess.CompletedProcess[st
 def test_the_libraries_see_avx2_only_and_the_bench_says_which_flags_are_hidden(mask: Path) -> None:
     code = ("import json, torch\n"
             "from benchmarks.gpt import ISA_FLAGS, hidden_isa\n"
-            "flags = set(open('/proc/cpuinfo').read().split('flags', 1)[1].split('\\n', 1)[0].split())\n"
+            "from engines.gpt_sovits.cpu_step import _cpu_flags\n"
+            "flags = set(_cpu_flags().split())\n"
             "isa = {f: f in flags for f in ISA_FLAGS}\n"
             "print(json.dumps({'capability': torch.backends.cpu.get_cpu_capability(), 'hidden': hidden_isa(isa),\n"
             "                  'avx2': torch.cpu._is_avx2_supported(), 'avx512': torch.cpu._is_avx512_supported()}))")
@@ -50,8 +46,7 @@ def test_the_libraries_see_avx2_only_and_the_bench_says_which_flags_are_hidden(m
     assert run.returncode == 0, run.stderr
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert seen["capability"] == "AVX2" and seen["avx2"] and not seen["avx512"]
-    host = _cpu_flags()
-    assert seen["hidden"] == [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in host]
+    assert seen["hidden"] == [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in HOST_FLAGS]
 
 
 def test_a_real_fault_still_reaches_pythons_faulthandler(mask: Path) -> None:

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # in a fresh process: MKL reads the setting at its first call, which in this test process came long ago
 SNIPPET = """
-import sys, tempfile
+import os, sys, tempfile
 from pathlib import Path
 import numpy as np, torch
 import engines
@@ -38,7 +38,7 @@ for tx, tp in [(1, 0), (3, 0), (5, 2), (7, 0), (9, 4), (12, 7), (20, 11), (33, 0
     assert torch.get_num_threads() == 2
     if not torch.equal(one, two):
         unequal.append((tx + tp, float((one - two).abs().max())))
-print("MKL_CBWR", engines.os.environ.get("MKL_CBWR"), "unequal", unequal)
+print("MKL_CBWR", os.environ.get("MKL_CBWR"), "unequal", unequal)
 sys.exit(1 if unequal else 0)
 """
 
