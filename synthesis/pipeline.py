@@ -183,9 +183,9 @@ class Synthesizer:
                     chunk = partial if partial is not None else await item.task
                     if partial is not None and self._admitted > 1:
                         # Another request speaks too: the early words go out with the rest of their sentence, the
-                        # same samples one chunk later. Beside another stream the rest cannot follow 0.8 s of early
-                        # words in time (bench-streams, 2 streams, 2-core EPYC, natural pace: both had ~1 s gaps
-                        # with early words, none with them held back), while one stream alone keeps them.
+                        # same samples one chunk later. Beside another stream the rest cannot follow the early
+                        # words in time (0.8 s of them, bench-streams, 2 streams, 2-core EPYC, natural pace: both had
+                        # ~1 s gaps with early words, none with them held back), while one stream alone keeps them.
                         held.append(partial.audio)
                         continue
                     if held:

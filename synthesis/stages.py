@@ -253,12 +253,18 @@ class EarlyAudio:
 
     :meth:`feed` is the GPT's token callback (the scheduler calls it on the event loop as tokens are decoded). Once
     ``tokens_needed`` tokens are known they are decoded on the vocoder lane and go out (:meth:`next_chunk`) without
-    their last :data:`EARLY_HOLDBACK_TOKENS` tokens, which lack right context; then each next window, twice as many
-    new tokens as the one before (``tokens_needed`` 24: windows end at 24, 72, 168, 360 tokens), is decoded from
+    their last :data:`EARLY_HOLDBACK_TOKENS` tokens, which lack right context; then each next window, ending at twice
+    the tokens of the one before (``tokens_needed`` 16: windows end at 16, 32, 64, 128 tokens), is decoded from
     :data:`EARLY_CONTEXT_TOKENS` before its unsent tokens and goes out crossfaded, until the GPT ends;
-    :meth:`Stages.vocode` decodes the rest the same way. So a long sentence never waits for its whole decode: each
-    window's audio lasts longer than the GPT steps and the decode of the next (2-core EPYC, 0.2 s of vocoder per
-    second of speech and 6 ms per step: a window of N new tokens plays 40N ms, the next takes 12N + 16N ms). Windows
+    :meth:`Stages.vocode` decodes the rest the same way. So a long sentence never waits for its whole decode: a
+    window of N new tokens must be ready before the N - 4 tokens of audio sent before it have played (40 ms each),
+    and takes N GPT steps and the decode of N + 8 tokens. On a 2-core AMD EPYC Zen 4 running AVX2 kernels (5.3 ms
+    per step, 6-8 ms of vocoder per token) that is about 12.5 N + 60 ms against 40 (N - 4): it holds on a CPU twice
+    as slow. The former schedule (24 tokens, then 48, 96... new: the second window's 48 tokens against 0.8 s of
+    audio) held only on a CPU 1.2x as slow, and spoke later. Measured with the default engine there, the pipeline
+    bench's text, cold, the two schedules interleaved: first audio 0.52 / 0.49 s (medians of 5 and 6 runs) against
+    0.40 / 0.41 s, RTF 0.35 / 0.36 against 0.38 / 0.36, no gap in any; beside a busy process (a slower CPU), 4 runs
+    each: 0.78 s against 0.61 s, RTF 0.61 against 0.58, and one 0.18 s gap in the former's second window. Windows
     end at fixed token counts, every one the sentence reaches is decoded, so the audio depends only on the tokens
     (a prosody-cache hit speaks the same samples as the run that filled it). A window decoded with 8 tokens of left
     context matched the whole sentence's decode at 29-31 dB SNR (real size, noise-free), the first window (no right
@@ -327,7 +333,7 @@ class EarlyAudio:
 
     async def _run(self) -> None:
         """Decode each window as its tokens arrive; the listener gets each (or an error), then None."""
-        end, new = self.tokens_needed, self.tokens_needed
+        end = self.tokens_needed
         try:
             while True:
                 while self._count < end:
@@ -336,8 +342,7 @@ class EarlyAudio:
                     self._more.clear()
                     await self._more.wait()
                 await self._window(np.concatenate(self._seen)[:end])
-                new *= 2
-                end += new
+                end *= 2
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 - the listener raises it

@@ -74,7 +74,7 @@ class Limits:
     stream_pause_s: float = 1.5  # flush streamed text after this pause
     stream_max_chars: int = 300  # ...or once this much is pending
     max_text_chars: int = 5000  # longest text accepted in one request
-    first_chunk_tokens: int = 24  # first sentence: speak its first tokens before its GPT ends (0 = off)
+    first_chunk_tokens: int = 16  # first sentence: speak its first tokens before its GPT ends (0 = off)
     max_upload_bytes: int = 25 * 1024 * 1024  # uploads larger than this are refused before decoding
     max_upload_s: float = 600.0  # uploads longer than this are refused while decoding
     min_speech_s: float = 3.0  # GPT-SoVITS wants 3-10 s of reference speech

@@ -73,8 +73,8 @@ class StreamRecord:
 
     @property
     def sentences(self) -> list[str]:
-        """The sentences synthesized so far, in order."""
-        return [c.sentence for _, c in self.chunks]
+        """The sentences synthesized so far, in order (a first sentence's early words are a chunk of their own)."""
+        return [c.sentence for _, c in self.chunks if not c.timings.get("partial")]
 
     @property
     def audio(self) -> np.ndarray:

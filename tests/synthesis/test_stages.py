@@ -122,8 +122,8 @@ async def test_early_audio_speaks_the_first_tokens_and_hands_over(synth, voice):
     synth.stages.decode = counting
     _, chunks = await _early(synth, job, 12)
     total = job.tokens.size
-    # windows end at 12, 36, 84... tokens (each twice the new tokens of the one before), all the sentence reaches
-    ends = [e for e in (12, 36, 84, 180) if e <= total]
+    # windows end at 12, 24, 48... tokens (each at twice the tokens of the one before), all the sentence reaches
+    ends = [e for e in (12, 24, 48, 96, 192) if e <= total]
     assert len(chunks) == len(ends) and all(c.timings["partial"] == 1.0 and c.index == 0 for c in chunks)
     sent = [0] + [e - EARLY_HOLDBACK_TOKENS for e in ends]
     assert [c.audio.size for c in chunks] == [(b - a) * 1280 for a, b in zip(sent, sent[1:])]
