@@ -46,20 +46,53 @@ def test_int8_vocoder_quantises_the_resblock_convolutions_once(models, export_di
     from engines.vocoder_int8 import QUANTISED_BLOCKS, quantize_vocoder_int8
 
     folder = ensure_onnx(models, export_dir)
+    former = [folder / "sovits_decode.int8.onnx", folder / "sovits_decode.int8.json"]  # an earlier format's files
+    for path in former:
+        path.write_bytes(b"old")
     path = quantize_vocoder_int8(folder)
     made = path.stat().st_mtime_ns
     assert quantize_vocoder_int8(folder) == path and path.stat().st_mtime_ns == made  # cached
     assert not list(folder.glob("*.tmp.onnx")) and not list(folder.glob("*augmented*"))
+    assert not any(p.exists() for p in former)
     fp32 = onnx.load(str(folder / "sovits_decode.onnx"))
     int8 = onnx.load(str(path))
     blocks = [n.name for n in fp32.graph.node if n.op_type == "Conv" and QUANTISED_BLOCKS in n.name]
     assert blocks, "the decoder has residual-block convolutions"
-    quantised = {n.output[0] for n in int8.graph.node if n.op_type == "DequantizeLinear"}
-    conv_inputs = {n.name: n.input for n in int8.graph.node if n.op_type == "Conv"}
-    for name in blocks:  # the input and the weight of every resblock conv come out of a DequantizeLinear
-        assert conv_inputs[name][0] in quantised and conv_inputs[name][1] in quantised, name
-    others = [n for n in int8.graph.node if n.op_type in ("Conv", "ConvTranspose") and QUANTISED_BLOCKS not in n.name]
-    assert others and all(n.input[1] not in quantised for n in others)  # the rest keeps fp32 weights
+    # every resblock conv is an int8 convolution, channels-last; its weight int8
+    weights = {i.name: i for i in int8.graph.initializer}
+    int8_convs = {n.name: n for n in int8.graph.node if n.op_type == "QLinearConv"}
+    for name in blocks:
+        conv = int8_convs[f"{name}/channels_last"]
+        assert conv.domain == "com.microsoft" and onnx.helper.get_attribute_value(conv.attribute[
+            [a.name for a in conv.attribute].index("channels_last")]) == 1
+        assert weights[conv.input[3]].data_type == onnx.TensorProto.INT8, name
+    assert not [n for n in int8.graph.node if n.op_type == "Conv" and QUANTISED_BLOCKS in n.name]
+    others = [n for n in int8.graph.node if n.op_type in ("Conv", "ConvTranspose")]
+    assert others and all(weights[n.input[1]].data_type == onnx.TensorProto.FLOAT for n in others)  # the rest: fp32
+
+
+def test_channels_last_blocks_give_the_same_samples(models, export_dir: Path, tmp_path: Path) -> None:
+    """The layout rewrite changes no sample: the QDQ graph ONNX Runtime lays out itself decodes the same audio, bit
+    for bit; a graph not in the expected form is left as it was."""
+    import onnx
+    import onnxruntime as ort
+
+    from engines.vocoder_int8 import _synthetic_feeds, channels_last_blocks, quantize_qdq, quantize_vocoder_int8
+
+    folder = ensure_onnx(models, export_dir)
+    qdq = tmp_path / "qdq.onnx"
+    quantize_qdq(folder, qdq)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sessions = [ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
+                for p in (qdq, quantize_vocoder_int8(folder))]
+    names = {i.name for i in sessions[0].get_inputs()}
+    for feed in _synthetic_feeds(folder, names, 2, seed=3):
+        ref, out = (s.run(None, feed)[0] for s in sessions)
+        assert ref.size > 0 and np.array_equal(ref, out)
+    fp32 = onnx.load(str(folder / "sovits_decode.onnx"))  # convolutions without QDQ pairs
+    before = fp32.SerializeToString()
+    assert channels_last_blocks(fp32) == 0 and fp32.SerializeToString() == before
 
 
 def test_int8_vocoder_audio_is_close_to_fp32(models, export_dir: Path, golden: Golden) -> None:
@@ -103,7 +136,7 @@ def test_auto_picks_the_int8_vocoder_only_where_its_proof_holds(models, export_d
     assert snr >= vocoder_int8.MIN_SNR_DB  # the golden SoVITS passes (24.5-24.8 dB on its own decodes)
     proof = folder / vocoder_int8.PROOF_FILE
     assert json.loads(proof.read_text())["snr_db"] == pytest.approx(snr)
-    assert vocoder_int8.choose_vocoder(folder, "auto") == (folder / "sovits_decode.int8.onnx", "int8")
+    assert vocoder_int8.choose_vocoder(folder, "auto") == (folder / "sovits_decode.int8.v2.onnx", "int8")
     assert vocoder_int8.choose_vocoder(folder, "fp32") == (folder / "sovits_decode.onnx", "fp32")
     int8 = OnnxEngine.from_files(models, export_dir, device="cpu", precision="int8", threads=1, max_batch=1)
     assert int8.vocoder_precision == "int8"  # auto with the int8 GPT on a CPU
