@@ -28,7 +28,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
@@ -201,10 +201,25 @@ def channels_last_blocks(model: ModelProto) -> int:
             nodes.extend(inserted[out] for out in nodes[-1].output if out in inserted)
     del graph.node[:]
     graph.node.extend(nodes)
+    used = _inputs(nodes)
+    kept = [i for i in graph.initializer if i.name in used]  # (the dropped nodes' scales: ONNX Runtime warns of each)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     del graph.value_info[:]  # shapes inferred for the former layout
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return len(convs)
+
+
+def _inputs(nodes: Iterable[NodeProto]) -> set[str]:
+    """Every tensor ``nodes`` read, also inside their subgraphs (which may read the outer graph's initializers)."""
+    names: set[str] = set()
+    for n in nodes:
+        names.update(n.input)
+        for a in n.attribute:
+            for sub in (a.g, *a.graphs) if a.HasField("g") or a.graphs else ():
+                names |= _inputs(sub.node)
+    return names
 
 
 def vocoder_int8_snr_db(folder: str | os.PathLike[str]) -> float:
