@@ -157,13 +157,14 @@ def channels_last_blocks(model: ModelProto) -> int:
                 frontier.extend(consumers.get(out, []))
         made = {out for n in region.values() for out in n.output} | {up.output[0]}
         ends = {name for x in exits for name in x.input if name in made}
-        if len(ends) != 1:
+        if len(ends) != 1 or up.output[0] in ends:
             return 0
         for n in region.values():
             if n.op_type == "Conv":
                 x, w, b = (producer.get(name) for name in (*n.input, "", "")[:3])
                 after = consumers.get(n.output[0], [])
-                if not (x and w and b and x.op_type == w.op_type == b.op_type == "DequantizeLinear"
+                one_d = [len(a.ints) for a in n.attribute if a.name == "kernel_shape"] == [1]  # [N, C, T] tensors
+                if not (one_d and x and w and b and x.op_type == w.op_type == b.op_type == "DequantizeLinear"
                         and len(w.input) == 3 and len(after) == 1 and after[0].op_type == "QuantizeLinear"):
                     return 0
                 convs.append((n, x, w, b, after[0]))
