@@ -97,6 +97,28 @@ def test_channels_last_blocks_give_the_same_samples(models, export_dir: Path, tm
     assert channels_last_blocks(fp32) == 0 and fp32.SerializeToString() == before
 
 
+def test_channels_last_blocks_of_v2pro_decoders(golden: Golden, golden_v2pro_dir: Path, meta: dict, version: str,
+                                                golden_onnx_dir: Path, tmp_path: Path) -> None:
+    """A v2Pro/v2ProPlus decoder (v2ProPlus's is the wider) is rewritten whole, to the same samples."""
+    import onnx
+    import onnxruntime as ort
+
+    from engines.vocoder_int8 import _synthetic_feeds, channels_last_blocks, quantize_qdq
+
+    models = SimpleNamespace(gpt=golden.gpt_path, sovits=golden_v2pro_dir / meta["sovits"][version]["file"])
+    folder = ensure_onnx(models, golden_onnx_dir)  # (the session's export, shared with the v2Pro engine tests)
+    quantize_qdq(folder, tmp_path / "qdq.onnx")
+    model = onnx.load(str(tmp_path / "qdq.onnx"))
+    blocks = [n for n in model.graph.node if n.op_type == "Conv" and "/resblocks" in n.name]
+    assert channels_last_blocks(model) == len(blocks) > 0
+    onnx.save(model, str(tmp_path / "channels_last.onnx"))
+    sessions = [ort.InferenceSession(str(tmp_path / f"{name}.onnx"), providers=["CPUExecutionProvider"])
+                for name in ("qdq", "channels_last")]
+    (feed,) = _synthetic_feeds(folder, {i.name for i in sessions[0].get_inputs()}, 1, seed=3)
+    ref, out = (s.run(None, feed)[0] for s in sessions)
+    assert ref.size > 0 and np.array_equal(ref, out)
+
+
 def test_int8_vocoder_audio_is_close_to_fp32(models, export_dir: Path, golden: Golden) -> None:
     from engines.onnx_engine import OnnxEngine
 
