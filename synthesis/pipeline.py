@@ -184,8 +184,9 @@ class Synthesizer:
                     if partial is not None and self._admitted > 1:
                         # Another request speaks too: the early words go out with the rest of their sentence, the
                         # same samples one chunk later. Beside another stream the rest cannot follow the early
-                        # words in time (0.8 s of them, bench-streams, 2 streams, 2-core EPYC, natural pace: both had
-                        # ~1 s gaps with early words, none with them held back), while one stream alone keeps them.
+                        # words in time (bench-streams, 2 streams, 2-core EPYC, natural pace: with 0.8 s of early
+                        # words both had ~1 s gaps; with 0.48 s (16 tokens, Zen 4, AVX2 kernels, two runs) gaps of
+                        # 0.64 and 0.83 s; none with them held back), while one stream alone keeps them.
                         held.append(partial.audio)
                         continue
                     if held:
