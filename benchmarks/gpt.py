@@ -611,8 +611,10 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
                                             transcript="This is a short recording of my voice.",
                                             consent={"user_id": 0, "text": "synthetic benchmark signal"})
         params = SynthesisParams(language="en", seed=7)
-        faster = dataclasses.replace(params, speed=1.05)  # same prosody key, new audio key
-        for case, p in (("cold", params), ("prosody-hit", faster), ("audio-hit", faster)):
+        # same prosody key, new audio key, at speed 1: the first sentence's early words go out as a default user
+        # hears them (the speed 1.05 used here before decoded the whole first sentence first)
+        other = dataclasses.replace(params, noise_scale=params.noise_scale * 0.9)
+        for case, p in (("cold", params), ("prosody-hit", other), ("audio-hit", other)):
             t0 = time.perf_counter()
             ttfa = None
             audio = 0

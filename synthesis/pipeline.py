@@ -215,6 +215,7 @@ class Synthesizer:
         """Start a render task per sentence as soon as the sentence is complete."""
         request = self.stages.next_request()
         previous_gpt: asyncio.Event | None = None
+        previous_out: asyncio.Event | None = None
         try:
             async for index, sentence in _enumerate(self._sentences(text, p)):
                 # the sentence's own wait bound: its clock starts when the consumer waits for it
@@ -224,8 +225,10 @@ class Synthesizer:
                 tokens = self.limits.first_chunk_tokens
                 early = EarlyAudio(self.stages, job, tokens) if index == 0 and tokens > 0 and p.speed == 1.0 else None
                 gpt_done = asyncio.Event()
-                item = _InFlight(asyncio.create_task(self._render(job, early, previous_gpt, gpt_done)), job, early)
-                previous_gpt = gpt_done
+                out = early.first_out if early is not None else asyncio.Event()
+                item = _InFlight(asyncio.create_task(self._render(job, early, (previous_gpt, gpt_done),
+                                                                  (previous_out, out))), job, early)
+                previous_gpt, previous_out = gpt_done, out
                 try:
                     await order.put(item)
                 except asyncio.CancelledError:
@@ -237,24 +240,32 @@ class Synthesizer:
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
             await order.put(e)
 
-    async def _render(self, job: SentenceJob, early: EarlyAudio | None, after: asyncio.Event | None,
-                      gpt_done: asyncio.Event) -> AudioChunk:
+    async def _render(self, job: SentenceJob, early: EarlyAudio | None,
+                      gpt: tuple[asyncio.Event | None, asyncio.Event],
+                      out: tuple[asyncio.Event | None, asyncio.Event]) -> AudioChunk:
         """One sentence through the stages.
 
-        A request's sentences take the GPT one after another (``after`` -> ``gpt_done``): sentence i+1's GPT runs
-        while sentence i is being decoded, and sentence 1 never shares the GPT with its own followers, which keeps
-        the time to first audio short. The job's order is (request, sentence): the requests admitted first are
+        A request's sentences take the GPT one after another (``gpt``: the one before's end, this one's): sentence
+        i+1's GPT runs while sentence i is being decoded, and sentence 1 never shares the GPT with its own followers,
+        which keeps the time to first audio short. Their vocoder work starts in order too (``out``: the one before's
+        first audio, this one's): on a prosody-cache hit every sentence reaches the vocoder at once, and sentence 2's
+        whole decode had gone to the idle worker before sentence 1's first window was queued (first audio 0.38 s
+        instead of 0.1 s at the real size). The job's order is (request, sentence): the requests admitted first are
         finished first, on both lanes, so an overloaded worker serves some requests whole rather than all in part.
         """
+        (after, gpt_done), (before, spoken) = gpt, out
         try:
             await self.stages.phonemize(job)
             if not self.stages.cached_audio(job):
                 await self.stages.prosody(job, after=after, on_tokens=early.feed if early is not None else None)
                 gpt_done.set()
+                if before is not None:
+                    await before.wait()
                 await self.stages.vocode(job, early)
             return finish(job)
         finally:
             gpt_done.set()  # never leave a follower waiting (cache hit, error or cancellation)
+            spoken.set()
             if early is not None:
                 early.close()  # nor the listener waiting for an early chunk
 

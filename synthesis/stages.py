@@ -288,9 +288,10 @@ class EarlyAudio:
         self._sent: Spoken | None = None  # what went out so far
         self._chunks: asyncio.Queue[AudioChunk | BaseException | None] = asyncio.Queue()
         self._ended = False  # the listener has taken the last chunk
+        self.first_out = asyncio.Event()  # the first window went out, or none will
         self._windows = asyncio.ensure_future(self._run())
         # the listener's end mark, however the windows end (also when cancelled before they started)
-        self._windows.add_done_callback(lambda _: self._chunks.put_nowait(None))
+        self._windows.add_done_callback(lambda _: (self._chunks.put_nowait(None), self.first_out.set()))
 
     def feed(self, new_tokens: np.ndarray) -> None:
         """Tokens from the GPT (or all of them from the cache)."""
@@ -368,6 +369,7 @@ class EarlyAudio:
         timings = {"gpt_s": 0.0, "sovits_s": time.perf_counter() - t0, "prosody_hit": 0.0, "audio_hit": 0.0,
                    "partial": 1.0}
         self._chunks.put_nowait(AudioChunk(audio, self.job.text, self.job.index, SAMPLE_RATE, timings))
+        self.first_out.set()
 
 
 def finish(job: SentenceJob) -> AudioChunk:

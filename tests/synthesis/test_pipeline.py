@@ -132,6 +132,35 @@ async def test_first_words_play_before_the_first_sentence_is_decoded(synth, voic
     assert np.array_equal(cached[0].audio, whole)
 
 
+async def test_a_prosody_hit_vocodes_the_first_window_first(synth, voice):
+    """On a prosody-cache hit every sentence reaches the vocoder at once: the first sentence's first window is still
+    the worker's first decode (the next sentence's waits for the first audio before it), not the second sentence."""
+    synth.limits = dataclasses.replace(synth.limits, first_chunk_tokens=12)
+    text = ("This first sentence is long enough to need many semantic tokens from the model. "
+            "A second sentence follows it.")
+    await collect(synth, text, voice)
+    synth.cache._audio.clear()  # white-box: drop the audio cache, keep the prosody cache
+    decoded = []
+    decode = synth.stages.decode
+
+    async def recording(job, tokens, speed):
+        decoded.append((job.index, tokens.size))
+        return await decode(job, tokens, speed)
+
+    phonemize = synth.stages.phonemize
+
+    async def first_late(job):  # the first sentence reaches the vocoder last (as it may when texts differ)
+        await phonemize(job)
+        if job.index == 0:
+            await asyncio.sleep(0.2)
+
+    synth.stages.decode = recording
+    synth.stages.phonemize = first_late
+    again = await collect(synth, text, voice)
+    assert again[0].timings.get("partial") == 1.0 and {c.index for c in again} == {0, 1}
+    assert decoded[0] == (0, 12)  # the first window, before anything of sentence 2
+
+
 async def test_first_words_come_early_only_while_no_other_request_speaks(synth, voice):
     """Alone, a first sentence's first words come early; beside another request they come with the rest of their
     sentence (beside another stream the rest could not follow them in time), the same samples one chunk later."""
