@@ -77,21 +77,13 @@ def test_channels_last_blocks_give_the_same_samples(models, export_dir: Path, tm
     """The layout rewrite changes no sample: the QDQ graph ONNX Runtime lays out itself decodes the same audio, bit
     for bit; a graph not in the expected form is left as it was."""
     import onnx
-    import onnxruntime as ort
 
-    from engines.vocoder_int8 import _synthetic_feeds, channels_last_blocks, quantize_qdq, quantize_vocoder_int8
+    from engines.vocoder_int8 import channels_last_blocks, quantize_qdq, quantize_vocoder_int8
 
     folder = ensure_onnx(models, export_dir)
     qdq = tmp_path / "qdq.onnx"
     quantize_qdq(folder, qdq)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    sessions = [ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
-                for p in (qdq, quantize_vocoder_int8(folder))]
-    names = {i.name for i in sessions[0].get_inputs()}
-    for feed in _synthetic_feeds(folder, names, 2, seed=3):
-        ref, out = (s.run(None, feed)[0] for s in sessions)
-        assert ref.size > 0 and np.array_equal(ref, out)
+    _assert_same_samples(folder, qdq, quantize_vocoder_int8(folder), decodes=2)
     fp32 = onnx.load(str(folder / "sovits_decode.onnx"))  # convolutions without QDQ pairs
     before = fp32.SerializeToString()
     assert channels_last_blocks(fp32) == 0 and fp32.SerializeToString() == before
@@ -101,22 +93,33 @@ def test_channels_last_blocks_of_v2pro_decoders(golden: Golden, golden_v2pro_dir
                                                 golden_onnx_dir: Path, tmp_path: Path) -> None:
     """A v2Pro/v2ProPlus decoder (v2ProPlus's is the wider) is rewritten whole, to the same samples."""
     import onnx
-    import onnxruntime as ort
 
-    from engines.vocoder_int8 import _synthetic_feeds, channels_last_blocks, quantize_qdq
+    from engines.vocoder_int8 import QUANTISED_BLOCKS, channels_last_blocks, quantize_qdq
 
     models = SimpleNamespace(gpt=golden.gpt_path, sovits=golden_v2pro_dir / meta["sovits"][version]["file"])
     folder = ensure_onnx(models, golden_onnx_dir)  # (the session's export, shared with the v2Pro engine tests)
-    quantize_qdq(folder, tmp_path / "qdq.onnx")
-    model = onnx.load(str(tmp_path / "qdq.onnx"))
-    blocks = [n for n in model.graph.node if n.op_type == "Conv" and "/resblocks" in n.name]
+    qdq, rewritten = tmp_path / "qdq.onnx", tmp_path / "channels_last.onnx"
+    quantize_qdq(folder, qdq)
+    model = onnx.load(str(qdq))
+    blocks = [n for n in model.graph.node if n.op_type == "Conv" and QUANTISED_BLOCKS in n.name]
     assert channels_last_blocks(model) == len(blocks) > 0
-    onnx.save(model, str(tmp_path / "channels_last.onnx"))
-    sessions = [ort.InferenceSession(str(tmp_path / f"{name}.onnx"), providers=["CPUExecutionProvider"])
-                for name in ("qdq", "channels_last")]
-    (feed,) = _synthetic_feeds(folder, {i.name for i in sessions[0].get_inputs()}, 1, seed=3)
-    ref, out = (s.run(None, feed)[0] for s in sessions)
-    assert ref.size > 0 and np.array_equal(ref, out)
+    onnx.save(model, str(rewritten))
+    _assert_same_samples(folder, qdq, rewritten, decodes=1)
+
+
+def _assert_same_samples(folder: Path, a: Path, b: Path, decodes: int) -> None:
+    """Graphs ``a`` and ``b`` (sovits_decode variants of ``folder``'s export) decode held-out synthetic inputs to the
+    same samples, bit for bit."""
+    import onnxruntime as ort
+
+    from engines.vocoder_int8 import _synthetic_feeds
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sessions = [ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"]) for p in (a, b)]
+    for feed in _synthetic_feeds(folder, {i.name for i in sessions[0].get_inputs()}, decodes, seed=3):
+        ref, out = (s.run(None, feed)[0] for s in sessions)
+        assert ref.size > 0 and np.array_equal(ref, out)
 
 
 def test_int8_vocoder_audio_is_close_to_fp32(models, export_dir: Path, golden: Golden) -> None:
