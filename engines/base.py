@@ -23,6 +23,25 @@ MAX_TEMPERATURE = 100.0  # sampling temperature bound (upstream's UI offers 0-1;
 MAX_REPETITION_PENALTY = 100.0  # repetition penalty bound (upstream's default is 1.35)
 
 
+def decoded_frames(tokens: int, speed: float) -> int:
+    """Latent frames (50 Hz, ``SAMPLES_PER_TOKEN // 2`` samples each) of a SoVITS decode of ``tokens`` semantic tokens
+    at ``speed``: two per token, or at speed != 1 upstream's linear interpolation of them to ``int(2 tokens / speed) + 1``
+    frames."""
+    return 2 * tokens if speed == 1 else int(2 * tokens / speed) + 1
+
+
+def token_sample(k: int, tokens: int, speed: float) -> int:
+    """The sample at which token ``k`` (``0 <= k <= tokens``) begins in the audio of a SoVITS decode of ``tokens``
+    tokens at ``speed``: ``k * SAMPLES_PER_TOKEN`` at speed 1. Otherwise the interpolation (``align_corners=False``)
+    maps frame edges linearly, source edge ``u`` to output edge ``u * frames / (2 tokens)``, so token ``k``'s first
+    frame edge ``2k`` lands there; which sample a token "begins" at is defined to a fraction of a frame only (the
+    frames are blends of two), so callers that join decodes align the waveforms themselves."""
+    if speed == 1:
+        return k * SAMPLES_PER_TOKEN
+    frames = decoded_frames(tokens, speed)
+    return int(round(k * SAMPLES_PER_TOKEN * frames / (2 * tokens)))
+
+
 class SpeechError(Exception):
     """Root of every error this project raises on purpose; the message says what to fix."""
 

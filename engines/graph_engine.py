@@ -25,7 +25,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import torch
 
-from engines.base import BERT_DIM, ChunkCallback, EngineError, ModelPaths, SemanticBatch, VoicePrompt
+from engines.base import BERT_DIM, ChunkCallback, EngineError, ModelPaths, SemanticBatch, VoicePrompt, decoded_frames
 from engines.encoders import LazyEncoders, encode_reference
 from engines.export import MANIFEST, load_manifest, model_key
 from engines.gpt_sovits import cpu_step
@@ -328,7 +328,7 @@ class GraphEngine:
         if speed <= 0:
             raise EngineError(f"speed must be > 0, got {speed}")
         dev, spec = self.runner.device, self.manifest["sovits"]
-        frames = 2 * tokens.size if speed == 1 else int(2 * tokens.size / speed) + 1  # 50 Hz latent frames
+        frames = decoded_frames(tokens.size, speed)  # 50 Hz latent frames
         shape = (1, spec["inter_channels"], frames)
         if noise_scale == 0:
             noise = torch.zeros(shape, dtype=torch.float32)

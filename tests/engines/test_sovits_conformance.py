@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn.utils import parametrize
 
-from engines.base import ModelFormatError
+from engines.base import SAMPLES_PER_TOKEN, ModelFormatError, decoded_frames, token_sample
 from engines.gpt_sovits.checkpoint import SovitsCheckpoint, load_sovits_checkpoint
 from engines.gpt_sovits.sovits import SoVITSDecoder, mean_style
 from tests.golden import Golden
@@ -89,6 +89,24 @@ def test_speed(model, io, golden: Golden):
         assert m_p.shape[-1] == int(golden.frames / speed) + 1  # upstream's interpolation length
         _close(m_p, io[f"m_p_speed{case.rsplit('speed', 1)[1]}"])
         _close(model.decode(codes, text, io["ge"], speed=speed, noise_scale=0.0), io[case])
+
+
+def test_token_sample_follows_the_speed_interpolation():
+    """``token_sample`` puts token k where the speed interpolation (linear, ``align_corners=False``, to
+    ``decoded_frames`` frames, as upstream and :mod:`sovits_modules`) moved its first frame: on a ramp of source frame
+    indices, the output frame that begins there reads 2k within one output frame (2n / frames source frames); the
+    speed-1 map does not."""
+    for speed in (0.8, 1.1, 1.25, 1.5, 2.0):
+        for n in (7, 16, 30):
+            frames = decoded_frames(n, speed)
+            ramp = torch.arange(2 * n, dtype=torch.float32).view(1, 1, -1)  # source frame i holds i
+            out = torch.nn.functional.interpolate(ramp, size=frames, mode="linear")[0, 0]
+            assert frames == int(2 * n / speed) + 1 and token_sample(n, n, speed) == frames * SAMPLES_PER_TOKEN // 2
+            for k in range(n):
+                j = round(token_sample(k, n, speed) / (SAMPLES_PER_TOKEN // 2))
+                assert abs(float(out[min(j, frames - 1)]) - 2 * k) <= 2 * n / frames, (speed, n, k)
+            k = n - 2
+            assert abs(float(out[min(2 * k, frames - 1)]) - 2 * k) > 2 * n / frames or n * abs(1 - 1 / speed) < 3
 
 
 @torch.inference_mode()

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from engines import token_sample
 from synthesis.audio import FADE_S, fade_edges
 from synthesis.scheduler import Deadline
 from synthesis.stages import (CROSSFADE_SAMPLES, EARLY_CONTEXT_TOKENS, EARLY_HOLDBACK_TOKENS, EarlyAudio,
@@ -159,12 +160,33 @@ def test_spoken_continues_with_a_crossfade():
     sent = Spoken(20, np.full(20 * 1280, 0.5, np.float32), np.full(4 * 1280, 0.5, np.float32))
     assert sent.start == 20 - EARLY_CONTEXT_TOKENS
     rest = np.full(30 * 1280, -0.5, np.float32)  # tokens 12..42
-    out = sent.join(rest)
+    out = sent.join(rest, 30)
     assert out.size == 42 * 1280
     join = 20 * 1280
     assert np.all(out[:join] == 0.5) and np.all(out[join + CROSSFADE_SAMPLES:] == -0.5)
     assert 0.5 >= out[join] > out[join + CROSSFADE_SAMPLES // 2] > out[join + CROSSFADE_SAMPLES - 1] >= -0.5
-    assert sent.continuation(rest, 30).size == 10 * 1280  # up to a token
+    upto, past = sent.continuation(rest, 30, 30)
+    assert upto.size == 10 * 1280 and past.size == 12 * 1280  # up to a token, and the samples after it
+
+
+def test_spoken_at_another_speed_continues_where_the_piece_matches_its_tail():
+    """At speed != 1 the next piece's start is searched near where the token map puts it: a piece whose waveform is
+    the tail's, 150 samples later than the map says, continues from the matching sample (no phase jump)."""
+    speed, size = 1.25, 30  # the piece: 30 tokens from token 12 (the sent 20 minus 8 of context)
+    t = np.arange(40_000)
+    wave = np.sin(2 * np.pi * t / 97.0).astype(np.float32) * np.linspace(0.2, 0.8, t.size, dtype=np.float32)
+    at = token_sample(8, size, speed)  # where the map puts token 20 in the piece
+    assert at == round(8 * 1280 * (int(2 * size / speed) + 1) / (2 * size))
+    tail = wave[5000:9000].copy()
+    piece = np.zeros(token_sample(size, size, speed), np.float32)
+    piece[at + 150 - 5000:] = wave[:piece.size - (at + 150 - 5000)]  # the tail's samples begin at at + 150
+    sent = Spoken(20, np.zeros(100, np.float32), tail, speed)
+    out, _ = sent.continuation(piece, size)
+    assert out.size == piece.size - (at + 150)
+    assert np.allclose(out, piece[at + 150:], atol=1e-6)  # the crossfade joins two copies of one waveform
+    # at speed 1 the map is exact: the piece continues where the map says, whatever it holds
+    same = Spoken(20, np.zeros(100, np.float32), tail)
+    assert same.continuation(piece, size)[0].size == piece.size - 8 * 1280
 
 
 def test_fade_edges():
