@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from engines.base import (
     BERT_DIM,
+    FRAME_SAMPLES,
     SAMPLE_RATE,
     SAMPLES_PER_TOKEN,
     SSL_SAMPLE_RATE,
@@ -47,8 +48,9 @@ __all__ = [
     "Engine", "SemanticBatch", "SemanticRequest", "SamplingParams", "VoicePrompt",
     # the error root (every layer's errors derive from SpeechError) and the engines' own
     "SpeechError", "EngineError",
-    # the model's fixed facts: Hz, samples per semantic token (and where a token begins at another speed), BERT size
-    "SAMPLE_RATE", "SSL_SAMPLE_RATE", "SAMPLES_PER_TOKEN", "token_sample", "BERT_DIM",
+    # the model's fixed facts: Hz, samples per semantic token and per latent frame (and where a token begins at
+    # another speed), BERT feature size
+    "SAMPLE_RATE", "SSL_SAMPLE_RATE", "SAMPLES_PER_TOKEN", "FRAME_SAMPLES", "token_sample", "BERT_DIM",
     # entry points: load one, export/build its graphs, write a random model set (tests, `models make-tiny`)
     "load_engine", "build_engines", "write_model_set",
     # what the benchmarks measure from the inside (the naive baseline, each backend class, torch-side figures):

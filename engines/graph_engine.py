@@ -25,7 +25,8 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import torch
 
-from engines.base import BERT_DIM, ChunkCallback, EngineError, ModelPaths, SemanticBatch, VoicePrompt, decoded_frames
+from engines.base import (BERT_DIM, ChunkCallback, EngineError, ModelPaths, SemanticBatch, VoicePrompt, decoded_frames,
+                          prior_noise)
 from engines.encoders import LazyEncoders, encode_reference
 from engines.export import MANIFEST, load_manifest, model_key
 from engines.gpt_sovits import cpu_step
@@ -308,18 +309,19 @@ class GraphEngine:
 
     @torch.inference_mode()
     def decode(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,
-               noise_scale: float = 0.5, seed: int | None = None) -> np.ndarray:
+               noise_scale: float = 0.5, seed: int | None = None, noise_offset: int = 0) -> np.ndarray:
         # a v2 voice's style must never reach a v2Pro model, nor the reverse (the torch engine's rule and message)
         check_voice(voice, self.version, self.sv_dim, int(self.manifest["sovits"]["gin"]))
-        return self.decode_with_noise(tokens, phones, voice.ge, speed, noise_scale, seed)[0, 0].cpu().numpy()
+        return self.decode_with_noise(tokens, phones, voice.ge, speed, noise_scale, seed,
+                                      noise_offset=noise_offset)[0, 0].cpu().numpy()
 
     def decode_with_noise(self, tokens: np.ndarray, phones: np.ndarray, ge: np.ndarray, speed: float = 1.0,
                           noise_scale: float = 0.5, seed: int | None = None,
-                          eps: torch.Tensor | None = None) -> torch.Tensor:
+                          eps: torch.Tensor | None = None, noise_offset: int = 0) -> torch.Tensor:
         """SoVITS decode (graph ``sovits_decode``) -> ``[1, 1, N]`` fp32 @ 32 kHz.
 
-        The prior noise is drawn here as the torch engine draws it (``randn`` from a CPU generator seeded with
-        ``seed``), or taken from ``eps`` (standard normal, ``[1, C, frames]``) for conformance tests.
+        The prior noise is drawn as the torch engine draws it (:func:`~engines.base.prior_noise` with ``seed`` and
+        ``noise_offset``), or taken from ``eps`` (standard normal, ``[1, C, frames]``) for conformance tests.
         """
         tokens = np.asarray(tokens, np.int64).reshape(-1)
         phones = np.asarray(phones, np.int64).reshape(-1)
@@ -334,8 +336,7 @@ class GraphEngine:
             noise = torch.zeros(shape, dtype=torch.float32)
         else:
             if eps is None:
-                gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
-                eps = torch.randn(shape, generator=gen)
+                eps = torch.as_tensor(prior_noise(seed, shape[1], frames, noise_offset))
             noise = eps.float().reshape(shape) * noise_scale
         wav = torch.empty(1, 1, frames * spec["hop"], dtype=torch.float32, device=dev)
         self.runner.run("sovits_decode", {

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from engines.base import ModelPaths, ChunkCallback, EngineError, SemanticBatch, VoicePrompt
+from engines.base import ChunkCallback, EngineError, ModelPaths, SemanticBatch, VoicePrompt, decoded_frames, prior_noise
 from engines.encoders import LazyEncoders, encode_reference
 from engines.gpt_sovits import cpu_step
 from engines.gpt_sovits.checkpoint import (file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint, model_id,
@@ -144,7 +144,7 @@ class TorchEngine:
 
     @torch.inference_mode()
     def decode(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,
-               noise_scale: float = 0.5, seed: int | None = None) -> np.ndarray:
+               noise_scale: float = 0.5, seed: int | None = None, noise_offset: int = 0) -> np.ndarray:
         self._check_thread()
         cfg = self.sovits.cfg  # a v2 voice's style must never reach a v2Pro model, nor the reverse
         check_voice(voice, cfg.version, cfg.sv_dim, cfg.gin_channels)
@@ -154,9 +154,10 @@ class TorchEngine:
         codes = torch.as_tensor(np.asarray(tokens, np.int64), device=dev).view(1, 1, -1)
         text = torch.as_tensor(np.asarray(phones, np.int64), device=dev).view(1, -1)
         ge = torch.as_tensor(np.asarray(voice.ge, np.float32), device=dev).view(1, -1, 1)
-        gen = None
-        if noise_scale != 0 and seed is not None:
-            gen = torch.Generator(device=dev).manual_seed(int(seed))
+        eps = None
+        if noise_scale != 0:  # the graph engines' draw (on the host: the same numbers on any device)
+            frames = decoded_frames(codes.shape[-1], speed)
+            eps = torch.as_tensor(prior_noise(seed, cfg.inter_channels, frames, noise_offset), device=dev)
         wav = self.sovits.decode(codes, text, ge.to(self._sovits_dtype), speed=speed, noise_scale=noise_scale,
-                                 generator=gen)
+                                 eps=eps)
         return wav[0, 0].float().cpu().numpy()

@@ -24,7 +24,7 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
-from engines import SAMPLE_RATE, Engine, SamplingParams, SemanticRequest, token_sample
+from engines import FRAME_SAMPLES, SAMPLE_RATE, Engine, SamplingParams, SemanticRequest, token_sample
 from synthesis.audio import fade_edges, raised_cosine
 from synthesis.cache import SynthesisCache
 from synthesis.metrics import PipelineStats
@@ -35,16 +35,11 @@ from synthesis.types import AudioChunk, SynthesisParams, Voice
 EARLY_HOLDBACK_TOKENS = 4  # a window's last tokens lack right context: the next piece replaces them
 EARLY_CONTEXT_TOKENS = 8  # tokens before a piece decoded with it as left context (their audio is not used again)
 CROSSFADE_SAMPLES = 640  # 20 ms @ 32 kHz where one piece of a sentence hands over to the next
-# At speed != 1 two decodes put their frames on different grids (each interpolates its own frame count), so where a
-# token begins is known to a fraction of a frame only: the next piece's start is searched this far either way for the
-# best match with the tail it continues (upstream's streaming searches 320 samples too). Real size, noise-free, three
-# joints each at speed 0.9 / 1.1 / 1.25 / 1.5: the pieces correlated 0.53-0.68 where the map put them and 0.99-1.0
-# at the best shift (-233 to +175 samples), as at speed 1 (1.0 at no shift); matched there at 17-23 dB.
-ALIGN_SAMPLES = 320
 # Faster than this a first sentence is spoken whole: at speed s a token is 40 / s ms of audio while its GPT step costs
 # the same, so the windows' margin shrinks by s. Real size, AVX2 kernels, 2-core EPYC Zen 4, the pipeline bench's
-# text, 3 runs each: first audio 0.30 / 0.31 s at speed 1.25 / 1.5 (0.54 / 0.57 s spoken whole), no gap; beside one
-# busy process 0.48 / 0.61 s, no gap at 1.25, one 25 ms gap at 1.5.
+# text, 3 runs each: first audio 0.31 s at speed 1.25 (0.54 s spoken whole), no gap; beside one busy process 0.50-0.75
+# s, no gap. At 1.5 (the same decodes, joined by a waveform search that frame edges replaced) 0.31 s quiet (0.57 s
+# whole), but beside a busy process one 25 ms gap in 3 runs.
 EARLY_MAX_SPEED = 1.25
 TokenCallback = Callable[[np.ndarray], None]
 
@@ -203,11 +198,12 @@ class Stages:
 
     # ---- vocode (cache | SoVITS) -------------------------------------------------------------------------------
 
-    async def decode(self, job: SentenceJob, tokens: np.ndarray, speed: float) -> np.ndarray:
-        """SoVITS on the device worker: ``[N]`` float32 @ 32 kHz for ``tokens``."""
+    async def decode(self, job: SentenceJob, tokens: np.ndarray, speed: float, noise_offset: int = 0) -> np.ndarray:
+        """SoVITS on the device worker: ``[N]`` float32 @ 32 kHz for ``tokens``, with the sentence's prior noise from
+        latent frame ``noise_offset`` on (a piece of a sentence: see :class:`Spoken`)."""
         ph, p, prompt = job.phonemes, job.params, job.voice.prompt
         audio = await self.worker.call(
-            lambda: self.engine.decode(tokens, ph.ids, prompt, speed, p.noise_scale, job.seed),
+            lambda: self.engine.decode(tokens, ph.ids, prompt, speed, p.noise_scale, job.seed, noise_offset),
             priority=job.priority, order=job.order, deadline=job.deadline)
         return np.asarray(audio, dtype=np.float32)
 
@@ -220,10 +216,10 @@ class Stages:
         if spoken is None:
             job.audio = fade_edges(await self.decode(job, job.tokens, job.params.speed))
         else:
-            rest = await self.decode(job, job.tokens[spoken.start:], spoken.speed)
+            size = job.tokens.size - spoken.start
+            rest = await self.decode(job, job.tokens[spoken.start:], spoken.speed, spoken.noise_offset(size))
             job.emitted = spoken.audio.size
-            job.audio = fade_edges(spoken.join(rest, job.tokens.size - spoken.start), head=False)  # (the first
-            # window went out faded in)
+            job.audio = fade_edges(spoken.join(rest, size), head=False)  # (the first window went out faded in)
         job.timings["sovits_s"] = time.perf_counter() - t0
         if job.cached:
             self.cache.put_audio(job.audio_key, job.audio, job.voice.id)
@@ -233,28 +229,36 @@ class Stages:
 class Spoken:
     """What :class:`EarlyAudio` sent of a sentence: ``audio`` (its first ``tokens`` tokens' samples, as they went
     out) and ``tail``, the last window's samples past them (decoded without right context), for the crossfade; at
-    ``speed``."""
+    ``speed``; ``frame``: the prior-noise frame at which the tail begins.
+
+    A piece that continues it is cut at a latent frame edge (:func:`~engines.token_sample`), where its waveform is in
+    phase with the tail's also at speed != 1, and decoded with the noise the tail has at the same frames, so two
+    pieces differ only by their context (real size, noise scale 0.5, speed 1: 18-20 dB between them at a hand-over,
+    7 dB when each piece drew its noise from frame 0)."""
 
     tokens: int
     audio: np.ndarray
     tail: np.ndarray
     speed: float = 1.0
+    frame: int = 0
 
     @property
     def start(self) -> int:
         """The first token of the next piece's decode: :data:`EARLY_CONTEXT_TOKENS` before the unsent ones."""
         return max(0, self.tokens - EARLY_CONTEXT_TOKENS)
 
+    def noise_offset(self, size: int) -> int:
+        """The noise offset of the next piece (``size`` tokens from :attr:`start`): its frame at the hand-over gets
+        the tail's noise there."""
+        return max(0, self.frame - token_sample(self.tokens - self.start, size, self.speed) // FRAME_SAMPLES)
+
     def continuation(self, piece: np.ndarray, size: int, end: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The unsent samples of ``piece`` (a decode of ``size`` tokens from token :attr:`start`) up to token ``end``
-        (None: all), crossfaded from :attr:`tail` at their start (at speed != 1 from where they match it best, see
-        :data:`ALIGN_SAMPLES`); and the samples of ``piece`` past them."""
+        (None: all), crossfaded from :attr:`tail` at their start; and the samples of ``piece`` past them."""
         first = token_sample(self.tokens - self.start, size, self.speed)
         last = piece.size if end is None else min(piece.size, token_sample(end - self.start, size, self.speed))
-        n = max(0, min(CROSSFADE_SAMPLES, self.tail.size, last - first))
-        if n and self.speed != 1:
-            first = _best_match(self.tail[:n], piece, first, last)
         out = np.array(piece[first:last], dtype=np.float32)
+        n = max(0, min(CROSSFADE_SAMPLES, self.tail.size, out.size))
         if n:
             rise = raised_cosine(n)
             out[:n] = self.tail[:n] * (1 - rise) + out[:n] * rise
@@ -263,20 +267,6 @@ class Spoken:
     def join(self, rest: np.ndarray, size: int) -> np.ndarray:
         """The whole sentence: what went out, then the rest (a decode of its ``size`` tokens from :attr:`start`)."""
         return np.concatenate([self.audio, self.continuation(rest, size)[0]])
-
-
-def _best_match(head: np.ndarray, piece: np.ndarray, at: int, last: int) -> int:
-    """Where in ``piece`` near ``at`` (within :data:`ALIGN_SAMPLES`, leaving ``head.size`` samples before ``last``)
-    ``head`` correlates best (normalised cross-correlation); ``at`` itself for a silent ``head``."""
-    n = head.size
-    lo, hi = max(0, at - ALIGN_SAMPLES), min(at + ALIGN_SAMPLES, last - n)
-    h = head.astype(np.float64)
-    if hi <= lo or float(h @ h) < 1e-10 * n:
-        return at
-    seg = piece[lo:hi + n].astype(np.float64)
-    products = np.correlate(seg, h, mode="valid")  # [hi - lo + 1]: head against each shift
-    energy = np.convolve(seg * seg, np.ones(n), mode="valid")
-    return lo + int(np.argmax(products / np.sqrt(energy + 1e-12)))
 
 
 class EarlyAudio:
@@ -300,7 +290,7 @@ class EarlyAudio:
     (a prosody-cache hit speaks the same samples as the run that filled it). A window decoded with 8 tokens of left
     context matched the whole sentence's decode at 29-31 dB SNR (real size, noise-free), the first window (no right
     context) at 24 dB. At another speed (up to :data:`EARLY_MAX_SPEED`) every piece is decoded at that speed, its
-    tokens found in it by :func:`~engines.token_sample`, and each hand-over aligned (:data:`ALIGN_SAMPLES`).
+    tokens found in it by :func:`~engines.token_sample` (at a frame edge, see :class:`Spoken`).
 
     Parameters
     ----------
@@ -389,15 +379,17 @@ class EarlyAudio:
         upto = tokens.size - EARLY_HOLDBACK_TOKENS
         if upto <= (sent.tokens if sent is not None else 0):
             return  # (a first window of at most the held-back tokens: nothing to send)
-        piece = await self.stages.decode(self.job, tokens[start:], speed)
+        size = tokens.size - start
+        offset = sent.noise_offset(size) if sent is not None else 0
+        piece = await self.stages.decode(self.job, tokens[start:], speed, offset)
         if sent is None:
-            cut = token_sample(upto, tokens.size, speed)
+            cut = token_sample(upto, size, speed)
             audio, tail = fade_edges(piece[:cut], tail=False), np.asarray(piece[cut:], dtype=np.float32)
             whole = audio
         else:
-            audio, tail = sent.continuation(piece, tokens.size - start, upto)
+            audio, tail = sent.continuation(piece, size, upto)
             whole = np.concatenate([sent.audio, audio])
-        self._sent = Spoken(upto, whole, tail, speed)
+        self._sent = Spoken(upto, whole, tail, speed, offset + (piece.size - tail.size) // FRAME_SAMPLES)
         timings = {"gpt_s": 0.0, "sovits_s": time.perf_counter() - t0, "prosody_hit": 0.0, "audio_hit": 0.0,
                    "partial": 1.0}
         self._chunks.put_nowait(AudioChunk(audio, self.job.text, self.job.index, SAMPLE_RATE, timings))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.nn.utils import parametrize
 
-from engines.base import SAMPLES_PER_TOKEN, ModelFormatError, decoded_frames, token_sample
+from engines.base import SAMPLES_PER_TOKEN, ModelFormatError, decoded_frames, prior_noise, token_sample
 from engines.gpt_sovits.checkpoint import SovitsCheckpoint, load_sovits_checkpoint
 from engines.gpt_sovits.sovits import SoVITSDecoder, mean_style
 from tests.golden import Golden
@@ -107,6 +108,16 @@ def test_token_sample_follows_the_speed_interpolation():
                 assert abs(float(out[min(j, frames - 1)]) - 2 * k) <= 2 * n / frames, (speed, n, k)
             k = n - 2
             assert abs(float(out[min(2 * k, frames - 1)]) - 2 * k) > 2 * n / frames or n * abs(1 - 1 / speed) < 3
+
+
+def test_prior_noise_is_one_stream_per_seed_frame_after_frame():
+    """A piece of a sentence from frame ``offset`` on gets the frames the whole sentence's draw has there."""
+    whole = prior_noise(7, 12, 50)
+    assert whole.shape == (1, 12, 50) and whole.dtype == np.float32 and whole.flags.c_contiguous
+    for offset, frames in ((0, 20), (6, 30), (44, 6)):
+        assert np.array_equal(prior_noise(7, 12, frames, offset), whole[..., offset:offset + frames])
+    assert not np.allclose(prior_noise(8, 12, 50), whole)
+    assert 0.9 < float(whole.std()) < 1.1 and abs(float(whole.mean())) < 0.1
 
 
 @torch.inference_mode()

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from engines import token_sample
+from engines import FRAME_SAMPLES, token_sample
 from synthesis.audio import FADE_S, fade_edges
 from synthesis.scheduler import Deadline
 from synthesis.stages import (CROSSFADE_SAMPLES, EARLY_CONTEXT_TOKENS, EARLY_HOLDBACK_TOKENS, EarlyAudio,
@@ -116,9 +116,9 @@ async def test_early_audio_speaks_the_first_tokens_and_hands_over(synth, voice):
     decoded = []
     decode = synth.stages.decode
 
-    async def counting(job, tokens, speed):
+    async def counting(job, tokens, speed, noise_offset=0):
         decoded.append(tokens.size)
-        return await decode(job, tokens, speed)
+        return await decode(job, tokens, speed, noise_offset)
 
     synth.stages.decode = counting
     _, chunks = await _early(synth, job, 12)
@@ -169,24 +169,21 @@ def test_spoken_continues_with_a_crossfade():
     assert upto.size == 10 * 1280 and past.size == 12 * 1280  # up to a token, and the samples after it
 
 
-def test_spoken_at_another_speed_continues_where_the_piece_matches_its_tail():
-    """At speed != 1 the next piece's start is searched near where the token map puts it: a piece whose waveform is
-    the tail's, 150 samples later than the map says, continues from the matching sample (no phase jump)."""
+def test_spoken_at_another_speed_cuts_at_frame_edges_and_carries_the_noise_on():
+    """At speed != 1 a piece goes on from the latent frame edge where its interpolation put the hand-over token, and
+    is decoded with the noise the tail has at the same frames."""
     speed, size = 1.25, 30  # the piece: 30 tokens from token 12 (the sent 20 minus 8 of context)
-    t = np.arange(40_000)
-    wave = np.sin(2 * np.pi * t / 97.0).astype(np.float32) * np.linspace(0.2, 0.8, t.size, dtype=np.float32)
-    at = token_sample(8, size, speed)  # where the map puts token 20 in the piece
-    assert at == round(8 * 1280 * (int(2 * size / speed) + 1) / (2 * size))
-    tail = wave[5000:9000].copy()
-    piece = np.zeros(token_sample(size, size, speed), np.float32)
-    piece[at + 150 - 5000:] = wave[:piece.size - (at + 150 - 5000)]  # the tail's samples begin at at + 150
-    sent = Spoken(20, np.zeros(100, np.float32), tail, speed)
-    out, _ = sent.continuation(piece, size)
-    assert out.size == piece.size - (at + 150)
-    assert np.allclose(out, piece[at + 150:], atol=1e-6)  # the crossfade joins two copies of one waveform
-    # at speed 1 the map is exact: the piece continues where the map says, whatever it holds
-    same = Spoken(20, np.zeros(100, np.float32), tail)
-    assert same.continuation(piece, size)[0].size == piece.size - 8 * 1280
+    frames = int(2 * size / speed) + 1
+    piece = np.arange(frames * FRAME_SAMPLES, dtype=np.float32)
+    sent = Spoken(20, np.zeros(100, np.float32), np.zeros(4000, np.float32), speed, frame=57)
+    first = token_sample(8, size, speed)
+    assert first % FRAME_SAMPLES == 0 and first == round(8 * frames / size) * FRAME_SAMPLES
+    out, past = sent.continuation(piece, size, 24)
+    assert np.array_equal(out[CROSSFADE_SAMPLES:], piece[first + CROSSFADE_SAMPLES:token_sample(12, size, speed)])
+    assert past.size == piece.size - token_sample(12, size, speed)
+    assert sent.noise_offset(size) == 57 - first // FRAME_SAMPLES  # the tail's frame 57 is the piece's frame `first`
+    # at speed 1: two frames per token, the noise offset twice the piece's first token
+    assert Spoken(20, np.zeros(1), np.zeros(1), frame=40).noise_offset(size) == 2 * 12
 
 
 def test_fade_edges():
