@@ -379,7 +379,9 @@ def bench_size(size: str, engines: list[str], batches: list[int], steps: int, de
     vocoders: list[VocoderRow] = []
     auto = auto_choice(device)
     with tempfile.TemporaryDirectory(prefix=f"voicebot-bench-{size}-") as tmp:
-        paths = write_model_set(Path(tmp), size=size, seed=0)
+        # at the real size HuBERT and BERT too (the Chinese pipeline row runs the BERT: a stand-in of 2 layers made
+        # its 0.1-0.2 s a sentence look free)
+        paths = write_model_set(Path(tmp), size=size, seed=0, full=size == "real")
         no_eos = paths["gpt"].with_name("bench-no-eos.ckpt")  # every run stops at its early_stop_num
         shutil.copyfile(paths["gpt"], no_eos)
         instruments.zero_eos_in_file(no_eos)
@@ -560,7 +562,7 @@ def _pipeline_in_process(backend: str, models: dict[str, str], tmp: str, size: s
 class PipelineRow:
     precision: str
     size: str
-    case: str  # cold | prosody-hit | audio-hit
+    case: str  # cold | prosody-hit | audio-hit | cold-zh
     ttfa_s: float
     rtf: float
     audio_s: float
@@ -572,6 +574,7 @@ class PipelineRow:
 
 PIPELINE_TEXT = ("The weather is lovely this morning. We could walk to the river after lunch. "
                  "Bring a jacket, it may rain later.")
+PIPELINE_TEXT_ZH = "今天早上的天气很好。午饭以后我们可以去河边散步。带上外套，晚上可能会下雨。"  # the same, in Chinese
 
 
 def _reference_wav() -> bytes:
@@ -589,7 +592,8 @@ def _reference_wav() -> bytes:
 
 async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, threads: int,
                           precision: str, backend: str = "torch", vocoder: str = "fp32") -> list[PipelineRow]:
-    """Synthesizer.stream end to end (text front-end, GPT, SoVITS, caches), cold / prosody-hit / audio-hit."""
+    """Synthesizer.stream end to end (text front-end, GPT, SoVITS, caches), cold / prosody-hit / audio-hit, and the
+    same text in Chinese cold (its sentences run the BERT too)."""
     import dataclasses
 
     from bot import build_synthesizer, config_from_dict
@@ -614,11 +618,15 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
         # same prosody key, new audio key, at speed 1: the first sentence's early words go out as a default user
         # hears them (the speed 1.05 used here before decoded the whole first sentence first)
         other = dataclasses.replace(params, noise_scale=params.noise_scale * 0.9)
-        for case, p in (("cold", params), ("prosody-hit", other), ("audio-hit", other)):
+        zh = dataclasses.replace(params, language="zh")
+        async for _ in synth.stream("你好。", voice, zh):  # BERT and the Chinese front-end loaded and warm, as in a bot
+            pass  # that spoke Chinese before (they load at the first Chinese sentence, or at start when zh is default)
+        for case, text, p in (("cold", PIPELINE_TEXT, params), ("prosody-hit", PIPELINE_TEXT, other),
+                              ("audio-hit", PIPELINE_TEXT, other), ("cold-zh", PIPELINE_TEXT_ZH, zh)):
             t0 = time.perf_counter()
             ttfa = None
             audio = 0
-            async for chunk in synth.stream(PIPELINE_TEXT, voice, p):
+            async for chunk in synth.stream(text, voice, p):
                 ttfa = ttfa if ttfa is not None else time.perf_counter() - t0
                 audio += chunk.audio.size
             total = time.perf_counter() - t0

@@ -56,21 +56,20 @@ def test_bench_tiny_every_engine_table_and_json(tmp_path: Path, capsys: pytest.C
     assert decode[("onnx", "fp32", 1)]["vocoder"] == "fp32" and decode[("onnx-v32", "int8", 1)]["vocoder"] == "fp32"
     auto_vocoder = decode[("onnx", "int8", 1)]["vocoder"]
     assert auto_vocoder in ("fp32", "int8") and decode[("onnx", "int8", 2)]["vocoder"] == auto_vocoder
-    cases = ("cold", "prosody-hit", "audio-hit")
+    cases = ("cold", "prosody-hit", "audio-hit", "cold-zh")  # (the last: the same text in Chinese, BERT included)
     piped = [r for r in rows if r["engine"] == "pipeline"]
     assert len(piped) == 3 * len(cases)  # fp32, int8 (vocoder auto), and voc32's int8 with the fp32 vocoder
-    pipeline = {(r["precision"], r["case"]): r for r in piped[:6]}
+    pipeline = {(r["precision"], r["case"]): r for r in piped[:2 * len(cases)]}
     assert set(pipeline) == {(p, c) for p in ("fp32", "int8") for c in cases}
     assert all(pipeline[("fp32", c)]["vocoder"] == "fp32" for c in cases)
     if auto[0] == "onnx":
         assert all(pipeline[("int8", c)]["vocoder"] == auto_vocoder for c in cases)
-    voc32 = {r["case"]: r for r in piped[6:]}
+    voc32 = {r["case"]: r for r in piped[2 * len(cases):]}
     assert set(voc32) == set(cases) and not any(r["default"] for r in voc32.values())
     assert all(r["precision"] == "int8" and r["vocoder"] == "fp32" for r in voc32.values())
     assert voc32["cold"]["audio_s"] > 1.0 and all(_measured(r["ttfa_s"]) for r in voc32.values())
     assert {r["backend"] for r in pipeline.values()} == {auto[0]}  # the pipeline runs what auto picks
-    assert {k for k, r in pipeline.items() if r["default"]} == {(auto[1], c) for c in ("cold", "prosody-hit",
-                                                                                        "audio-hit")}
+    assert {k for k, r in pipeline.items() if r["default"]} == {(auto[1], c) for c in cases}
     # int8 against fp32 along one teacher-forced path: shares and cosines, one row per backend
     accuracy = {(a["engine"], a["precision"]): a for a in doc["accuracy"]}
     assert set(accuracy) == {("torch", "int8"), ("onnx", "int8")}
@@ -78,8 +77,8 @@ def test_bench_tiny_every_engine_table_and_json(tmp_path: Path, capsys: pytest.C
         assert a["steps"] == 12 and 0 <= a["argmax_agree"] <= 1 and 0 <= a["top15_overlap"] <= 1
         assert -1 <= a["cosine_min"] <= a["cosine_mean"] <= 1 + 1e-6
     for p in ("fp32", "int8"):
-        assert all(_measured(pipeline[(p, c)]["ttfa_s"]) for c in ("cold", "prosody-hit", "audio-hit")), p
-        assert pipeline[(p, "cold")]["audio_s"] > 1.0  # three sentences of audio came out
+        assert all(_measured(pipeline[(p, c)]["ttfa_s"]) for c in cases), p
+        assert pipeline[(p, "cold")]["audio_s"] > 1.0 and pipeline[(p, "cold-zh")]["audio_s"] > 1.0  # three sentences
         # the two hits run the same (faster) parameters, so the audio hit replays exactly what the prosody hit made
         assert pipeline[(p, "audio-hit")]["audio_s"] == pipeline[(p, "prosody-hit")]["audio_s"]
     table = capsys.readouterr().out
