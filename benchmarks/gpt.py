@@ -570,6 +570,7 @@ class PipelineRow:
     contend: int = 0
     default: bool = False
     vocoder: str = "fp32"  # the vocoder's precision that ran (engine.vocoder_precision resolved)
+    bert: str = "-"  # the Chinese BERT's precision that ran (cold-zh; int8 where its proof held), else "-"
 
 
 PIPELINE_TEXT = ("The weather is lovely this morning. We could walk to the river after lunch. "
@@ -621,6 +622,9 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
         zh = dataclasses.replace(params, language="zh")
         async for _ in synth.stream("你好。", voice, zh):  # BERT and the Chinese front-end loaded and warm, as in a bot
             pass  # that spoke Chinese before (they load at the first Chinese sentence, or at start when zh is default)
+        proof = getattr(getattr(synth.engine, "encoders", None), "bert_proof", None)
+        if proof is not None:  # and the int8 BERT's proof over (engines.bert_int8): what then runs is measured
+            await asyncio.to_thread(proof.join)
         for case, text, p in (("cold", PIPELINE_TEXT, params), ("prosody-hit", PIPELINE_TEXT, other),
                               ("audio-hit", PIPELINE_TEXT, other), ("cold-zh", PIPELINE_TEXT_ZH, zh)):
             t0 = time.perf_counter()
@@ -630,8 +634,9 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
                 ttfa = ttfa if ttfa is not None else time.perf_counter() - t0
                 audio += chunk.audio.size
             total = time.perf_counter() - t0
+            bert = getattr(getattr(synth.engine, "encoders", None), "bert_precision", "fp32") if p is zh else "-"
             rows.append(PipelineRow(precision, size, case, ttfa or 0.0, total / (audio / 32000), audio / 32000,
-                                    backend, vocoder=getattr(synth.engine, "vocoder_precision", "fp32")))
+                                    backend, vocoder=getattr(synth.engine, "vocoder_precision", "fp32"), bert=bert))
         await synth.voicing.delete(voice.id)
     finally:
         await synth.close()
@@ -661,13 +666,13 @@ def natural_pace(engine: Any, tokens_per_phone: int) -> None:
 
 
 def format_pipeline_table(rows: list[PipelineRow]) -> str:
-    head = f"{'backend':7} {'prec':5} {'voc':5} {'size':5} {'case':12} {'ttfa s':>8} {'RTF':>7} {'audio s':>8} " \
-           f"{'contend':>7}"
+    head = f"{'backend':7} {'prec':5} {'voc':5} {'bert':5} {'size':5} {'case':12} {'ttfa s':>8} {'RTF':>7} " \
+           f"{'audio s':>8} {'contend':>7}"
     lines = [f"Synthesizer.stream, 3 sentences ({len(PIPELINE_TEXT.split())} words, {TOKENS_PER_PHONE} semantic tokens "
              f"per phone); * = what auto picks here:",
              head, "-" * len(head)]
-    lines += [f"{r.backend:7} {r.precision:5} {r.vocoder:5} {r.size:5} {r.case:12} {r.ttfa_s:8.3f} {r.rtf:7.3f} {r.audio_s:8.2f} "
-              f"{r.contend:7d}{' *' if r.default else ''}" for r in rows]
+    lines += [f"{r.backend:7} {r.precision:5} {r.vocoder:5} {r.bert:5} {r.size:5} {r.case:12} {r.ttfa_s:8.3f} "
+              f"{r.rtf:7.3f} {r.audio_s:8.2f} {r.contend:7d}{' *' if r.default else ''}" for r in rows]
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@ encode every backend runs with them."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from engines.gpt_sovits.bert import BertFeaturizer
     from engines.gpt_sovits.ssl import HubertEncoder
 
+log = logging.getLogger(__name__)
+
 
 class LazyEncoders:
     """The reference encoder (HuBERT) and the Chinese text encoder (BERT), each loaded the first time it is used.
@@ -28,9 +31,14 @@ class LazyEncoders:
     def __init__(self, hubert_path: Path | None, bert_path: Path | None, device: str, dtype: torch.dtype) -> None:
         self._paths = {"hubert": hubert_path, "bert": bert_path}
         self._device, self._dtype = device, dtype
+        # the GPT checkpoint an int8 BERT must prove itself on (engines.bert_int8): set by the int8 engines on a CPU
+        self.int8_bert_for: Path | None = None
         self._hubert: HubertEncoder | None = None
         self._bert: BertFeaturizer | None = None
         self._lock = threading.Lock()
+        self.bert_precision = "fp32"  # what runs: int8 once its proof held (engines.bert_int8)
+        self.bert_int8_error: float | None = None  # the proof's measured logit error
+        self.bert_proof: threading.Thread | None = None  # the proof, running beside the fp32 BERT until it ends
 
     def hubert(self) -> HubertEncoder:
         with self._lock:
@@ -46,7 +54,26 @@ class LazyEncoders:
                 from engines.gpt_sovits.bert import BertFeaturizer
 
                 self._bert = BertFeaturizer.from_folder(self._path("bert"), self._device, self._dtype)
+                if self.int8_bert_for is not None:
+                    # the fp32 BERT serves at once; the int8 one replaces it when it has proven itself (quantising
+                    # it and the proof take seconds of one core: the first Chinese sentence does not wait for them)
+                    self.bert_proof = threading.Thread(target=self._prove_int8_bert, args=(self._bert,),
+                                                       name="voicebot-bert-int8", daemon=True)
+                    self.bert_proof.start()
             return self._bert
+
+    def _prove_int8_bert(self, bert: BertFeaturizer) -> None:
+        from engines.bert_int8 import prove_int8_bert
+
+        assert self.int8_bert_for is not None
+        try:
+            proven, self.bert_int8_error = prove_int8_bert(bert, self.int8_bert_for)
+        except Exception:  # (the fp32 BERT simply stays)
+            log.exception("the int8 BERT could not be made or proven; the fp32 BERT runs")
+            return
+        if proven is not bert:
+            with self._lock:
+                self._bert, self.bert_precision = proven, "int8"
 
     def _path(self, name: str) -> Path:
         path = self._paths[name]

@@ -168,4 +168,6 @@ class OnnxEngine(GraphEngine):
                      step_graph=step, gpt=torch_gpt, threads=threads or len(os.sched_getaffinity(0)),
                      sv_path=sv_path)
         engine.vocoder_precision = vocoder
+        if precision == "int8":  # (a CPU path) the Chinese BERT in int8 too, where it proves itself on this GPT
+            engine.encoders.int8_bert_for = Path(models.gpt)
         return engine

@@ -70,9 +70,12 @@ class TorchEngine:
         if sovits.cfg.is_v2pro:  # its voices' style depends on the SV model too, so it is part of the identity
             sv_path = require_sv_model(models, sovits.cfg.version)
             more.append(file_fingerprint(sv_path))
-        return cls(gpt, sovits, device=device, precision=precision, model_id=model_id(models, *more),
-                   hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
-                   cuda_graphs=cuda_graphs, threads=threads, sv_path=sv_path)
+        engine = cls(gpt, sovits, device=device, precision=precision, model_id=model_id(models, *more),
+                     hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
+                     cuda_graphs=cuda_graphs, threads=threads, sv_path=sv_path)
+        if int8 and device == "cpu":  # the Chinese BERT in int8 too, where it proves itself on this GPT
+            engine.encoders.int8_bert_for = Path(models.gpt)
+        return engine
 
     def bind_thread(self) -> None:
         """Called once by the thread that will run this engine: give it the engine's CPU threads.

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines.base import BERT_DIM, EOS_TOKEN, ModelFormatError
-from engines.gpt_sovits import cpu_step, ieee_fp32_on_cuda
+from engines.gpt_sovits import cpu_step, dynamic_int8, ieee_fp32_on_cuda
 from engines.gpt_sovits.checkpoint import GptCheckpoint
 
 log = logging.getLogger(__name__)
@@ -294,14 +294,7 @@ class Text2SemanticModel(nn.Module):
                     lin.prefill_packed = _pack_for_prefill(lin.weight, scale, lin.bias)
         else:
             log.info("int8 without the fused CPU step (%s): torch's dynamic int8", cpu_step.unavailable_reason())
-            from torch.ao.quantization.qconfig import per_channel_dynamic_qconfig
-
-            with warnings.catch_warnings():  # torch marks eager quantisation deprecated in favour of torchao
-                warnings.simplefilter("ignore")
-                # a copy of the stack with its linears swapped (so still a _Stack); deprecated as said above, and
-                # its signature is untyped
-                self.h = cast(_Stack, torch.ao.quantization.quantize_dynamic(  # pyright: ignore[reportDeprecated, reportUnknownMemberType]
-                    self.h, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8))
+            self.h = dynamic_int8(self.h)  # (a copy of the stack with its linears swapped: still a _Stack)
         self.quantized = True
         self.cache_dtype = torch.bfloat16
         self.kv, self._fused = [], None  # the next setup_caches allocates the bf16 cache

@@ -62,6 +62,10 @@ def test_bench_tiny_every_engine_table_and_json(tmp_path: Path, capsys: pytest.C
     pipeline = {(r["precision"], r["case"]): r for r in piped[:2 * len(cases)]}
     assert set(pipeline) == {(p, c) for p in ("fp32", "int8") for c in cases}
     assert all(pipeline[("fp32", c)]["vocoder"] == "fp32" for c in cases)
+    # the BERT that ran, on the Chinese rows only: fp32 with the fp32 GPT; with the int8 GPT, int8 where its proof
+    # held (the tiny BERT runs none of its layers, so its int8 copy is exact)
+    assert all((r["bert"] == "-") == (r["case"] != "cold-zh") for r in piped)
+    assert pipeline[("fp32", "cold-zh")]["bert"] == "fp32" and pipeline[("int8", "cold-zh")]["bert"] == "int8"
     if auto[0] == "onnx":
         assert all(pipeline[("int8", c)]["vocoder"] == auto_vocoder for c in cases)
     voc32 = {r["case"]: r for r in piped[2 * len(cases):]}

@@ -1,0 +1,94 @@
+"""An int8 Chinese BERT for CPUs (with the int8 GPT, ``engine.precision: int8``, which ``auto`` picks on a CPU), proven
+on the loaded models before it replaces the fp32 one.
+
+Why: the BERT (chinese-roberta-wwm-ext-large, 22 of its 24 layers used, 277 M weights in its linears) runs once per
+Chinese sentence before its GPT, so its time adds to the first audio and to every Chinese sentence. Real size, fp32
+on 2 threads (AVX2 kernels on a 2-core AMD EPYC Zen 4, random weights): 112 / 144 / 182 ms for sentences of 7 / 19 /
+31 characters; its linears in dynamic int8 (:func:`~engines.gpt_sovits.dynamic_int8`: int8 weights per output
+channel, activations rounded per call to uint8, fbgemm's kernels): 26 / 45 / 66 ms.
+
+The proof, per model pair: the fp32 GPT of the loaded checkpoint (reference-free) reads :data:`PROOF_TEXTS` with the
+fp32 BERT's features and then with the int8 one's, at its first token and :data:`PROOF_STEPS` steps along its own
+greedy path (teacher-forced), and the int8 features may move no logit by more than :data:`MAX_LOGIT_ERROR`, the
+bound the int8 GPT itself is held to against upstream. Random weights at the real size: 0.131 (features 5 % from
+fp32's, cosine 0.9985 per phone or closer); a trained BERT's activations may have outliers that rounding per call
+handles worse, which is why the proof runs on the loaded model, and a model that misses the bound keeps the fp32
+BERT. Quantising the BERT and the proof take about 7 s of one core (real size), in the background after the fp32
+BERT loaded (:class:`~engines.encoders.LazyEncoders`), which serves until then.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from engines.gpt_sovits import dynamic_int8
+from engines.runtime import set_cpu_threads
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MAX_LOGIT_ERROR", "PROOF_TEXTS", "bert_int8_logit_error", "int8_bert", "prove_int8_bert"]
+
+MAX_LOGIT_ERROR = 0.15  # the int8 GPT's bound against upstream's logits (tests/engines/test_int8_proof.py)
+PROOF_TEXTS = ("今天天气很好，我们去公园散步吧。", "请把窗户关上，外面的风太大了。", "这本书讲的是一个很长很长的故事。")
+PROOF_STEPS = 16  # greedy steps after the first token, teacher-forced
+PROOF_SEED = 0  # the proof's phone ids (any: the BERT features are what differs between the two runs)
+
+if TYPE_CHECKING:
+    from engines.gpt_sovits.bert import BertFeaturizer
+
+
+def int8_bert(bert: BertFeaturizer) -> BertFeaturizer:
+    """A copy of ``bert`` (on the CPU) with every linear layer in dynamic int8."""
+    from engines.gpt_sovits.bert import BertFeaturizer
+
+    return BertFeaturizer(bert.tokenizer, dynamic_int8(bert.model))
+
+
+def bert_int8_logit_error(fp32: BertFeaturizer, int8: BertFeaturizer, gpt_path: Path) -> float:
+    """The largest logit difference of the fp32 GPT at ``gpt_path`` between the two BERTs' features on
+    :data:`PROOF_TEXTS` (see the module notes)."""
+    from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
+    from engines.gpt_sovits.gpt import KV_BUCKET, Text2SemanticModel
+
+    gpt = Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(gpt_path))
+    rng = np.random.default_rng(PROOF_SEED)
+    worst = 0.0
+    with torch.inference_mode():
+        for text in PROOF_TEXTS:
+            word2ph = [2] * len(text)  # (2 phones a character; the phones themselves need not be the text's)
+            phones = torch.as_tensor(rng.integers(1, gpt.config.phoneme_vocab, sum(word2ph)), dtype=torch.long)
+            feats = [torch.as_tensor(b.features(text, word2ph)) for b in (fp32, int8)]
+            kv_len = -(-(len(phones) + PROOF_STEPS + 1) // KV_BUCKET) * KV_BUCKET
+            gpt.setup_caches(1, kv_len)
+            path: list[int] = []  # the fp32 run's greedy tokens, fed to the int8 run
+            runs: list[torch.Tensor] = []
+            for bert in feats:
+                rows = [gpt.prefill(0, phones, bert, torch.zeros(0, dtype=torch.long)).reshape(-1)]
+                for i in range(PROOF_STEPS):
+                    if len(path) < PROOF_STEPS:
+                        path.append(int(rows[-1].argmax()))
+                    rows.append(gpt.decode_step(torch.tensor([path[i]]), torch.tensor([len(phones) + i]),
+                                                None, kv_len)[0])
+                runs.append(torch.stack(rows))
+            worst = max(worst, float((runs[1] - runs[0]).abs().max()))
+    return worst
+
+
+def prove_int8_bert(bert: BertFeaturizer, gpt_path: Path) -> tuple[BertFeaturizer, float]:
+    """The int8 copy of ``bert`` where its proof holds on the GPT at ``gpt_path``, else ``bert`` itself (logged);
+    and the measured logit error. Runs on the calling thread alone (one torch thread: see engines.loader)."""
+    set_cpu_threads(1)
+    candidate = int8_bert(bert)
+    error = bert_int8_logit_error(bert, candidate, gpt_path)
+    if error <= MAX_LOGIT_ERROR:
+        log.info("int8 BERT: the GPT's logits within %.3f of the fp32 BERT's on this model (bound %.2f)", error,
+                 MAX_LOGIT_ERROR)
+        return candidate, error
+    log.warning("the int8 BERT moved the GPT's logits by %.3f on this model (bound %.2f): the fp32 BERT runs", error,
+                MAX_LOGIT_ERROR)
+    return bert, error

@@ -1,0 +1,90 @@
+"""The int8 Chinese BERT: made from the loaded BERT, proven against the loaded GPT, swapped in only where it holds."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import engines.bert_int8 as B
+from bot.config import load_config
+from engines.encoders import LazyEncoders
+from engines.gpt_sovits.bert import BertFeaturizer
+
+TEXT = "今天天气很好，我们去公园散步吧。"
+
+
+@pytest.fixture(scope="module")
+def models(tiny_models: Path):
+    return load_config(tiny_models / "config.yaml").models
+
+
+@pytest.fixture(scope="module")
+def bert_dir(models, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny set's BERT with 4 layers (2 run, each with its linears): the tiny set's own has 2, none of which run."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    out = tmp_path_factory.mktemp("bert4")
+    config = BertConfig.from_pretrained(models.bert)
+    config.num_hidden_layers = 4
+    torch.manual_seed(0)
+    BertForMaskedLM(config).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        (out / name).write_bytes((Path(models.bert) / name).read_bytes())
+    return out
+
+
+@pytest.fixture(scope="module")
+def bert(bert_dir: Path) -> BertFeaturizer:
+    return BertFeaturizer.from_folder(bert_dir)
+
+
+def test_the_int8_bert_has_int8_linears_and_features_close_to_fp32(bert: BertFeaturizer) -> None:
+    int8 = B.int8_bert(bert)
+    linears = [m for m in int8.model.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
+    assert linears and not any(isinstance(m, torch.nn.Linear) and not isinstance(
+        m, torch.ao.nn.quantized.dynamic.Linear) for m in int8.model.modules())
+    assert any(isinstance(m, torch.nn.Linear) for m in bert.model.modules())  # the fp32 one is left as it was
+    word2ph = [2] * len(TEXT)
+    f32, f8 = bert.features(TEXT, word2ph), int8.features(TEXT, word2ph)
+    assert f8.shape == f32.shape == (1024, sum(word2ph)) and f8.dtype == np.float32
+    cos = (f32 * f8).sum(0) / np.sqrt((f32 ** 2).sum(0) * (f8 ** 2).sum(0))
+    assert cos.min() > 0.99 and not np.array_equal(f8, f32)
+
+
+def test_the_proof_measures_the_gpt_and_decides(bert: BertFeaturizer, models, monkeypatch, caplog) -> None:
+    int8 = B.int8_bert(bert)
+    error = B.bert_int8_logit_error(bert, int8, Path(models.gpt))
+    assert 0 < error < 1  # the features differ, a little; the same features again move nothing:
+    assert B.bert_int8_logit_error(bert, bert, Path(models.gpt)) == 0.0
+    monkeypatch.setattr(B, "MAX_LOGIT_ERROR", error * 1.01)
+    proven, measured = B.prove_int8_bert(bert, Path(models.gpt))
+    assert proven is not bert and measured == pytest.approx(error)
+    monkeypatch.setattr(B, "MAX_LOGIT_ERROR", error * 0.99)  # a model that misses the bound keeps fp32, said in the log
+    with caplog.at_level(logging.WARNING, logger="engines.bert_int8"):
+        kept, _ = B.prove_int8_bert(bert, Path(models.gpt))
+    assert kept is bert and "the fp32 BERT runs" in caplog.text
+
+
+def test_encoders_serve_fp32_then_the_proven_int8_bert(models, bert_dir: Path, monkeypatch) -> None:
+    monkeypatch.setattr(B, "MAX_LOGIT_ERROR", 10.0)
+    encoders = LazyEncoders(None, bert_dir, "cpu", torch.float32)
+    encoders.int8_bert_for = Path(models.gpt)
+    first = encoders.bert()
+    assert encoders.bert_proof is not None and any(isinstance(m, torch.nn.Linear) for m in first.model.modules())
+    encoders.bert_proof.join(120)
+    later = encoders.bert()
+    assert later is not first and encoders.bert_precision == "int8" and encoders.bert_int8_error is not None
+    plain = LazyEncoders(None, bert_dir, "cpu", torch.float32)  # fp32 engines never start a proof
+    assert plain.bert() is not None and plain.bert_proof is None and plain.bert_precision == "fp32"
+
+
+def test_the_int8_engines_ask_for_the_int8_bert(models, tmp_path: Path) -> None:
+    from engines.onnx_engine import OnnxEngine
+
+    int8 = OnnxEngine.from_files(models, tmp_path / "onnx", precision="int8")
+    fp32 = OnnxEngine.from_files(models, tmp_path / "onnx", precision="fp32")
+    assert int8.encoders.int8_bert_for == Path(models.gpt) and fp32.encoders.int8_bert_for is None
