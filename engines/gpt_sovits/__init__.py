@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 if TYPE_CHECKING:
     from torch import nn
@@ -10,20 +10,23 @@ if TYPE_CHECKING:
 M = TypeVar("M", bound="nn.Module")
 
 
-def dynamic_int8(module: M) -> M:
+def dynamic_int8(module: M, keep: Callable[[str], bool] | None = None) -> M:
     """A copy of ``module`` (on the CPU) with its linear layers in torch's dynamic int8: int8 weights per output
     channel, activations rounded to uint8 per call, fbgemm's kernels (what the GPT runs without the fused step, and
-    the int8 BERT)."""
+    the int8 BERT); the linears whose qualified name ``keep`` accepts stay fp32."""
     import warnings
 
     import torch
     from torch.ao.quantization.qconfig import per_channel_dynamic_qconfig
 
+    modules: list[tuple[str, torch.nn.Module]] = list(module.named_modules())  # pyright: ignore[reportUnknownArgumentType]
+    spec: dict[str, Any] = {name: per_channel_dynamic_qconfig for name, m in modules
+                            if isinstance(m, torch.nn.Linear) and not (keep is not None and keep(name))}
     with warnings.catch_warnings():  # torch marks eager quantisation deprecated in favour of torchao
         warnings.simplefilter("ignore")
         # deprecated as said above, and its signature is untyped; the copy has the module's own class
         return torch.ao.quantization.quantize_dynamic(  # pyright: ignore[reportDeprecated, reportUnknownMemberType, reportUnknownVariableType]
-            module, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+            module, spec, dtype=torch.qint8)
 
 
 def ieee_fp32_on_cuda(device: Any) -> None:

@@ -55,17 +55,29 @@ def test_the_int8_bert_has_int8_linears_and_features_close_to_fp32(bert: BertFea
     assert cos.min() > 0.99 and not np.array_equal(f8, f32)
 
 
+def _dynamic(featurizer: BertFeaturizer) -> list[str]:
+    return [n for n, m in featurizer.model.named_modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
+
+
 def test_the_proof_measures_the_gpt_and_decides(bert: BertFeaturizer, models, monkeypatch, caplog) -> None:
-    int8 = B.int8_bert(bert)
-    error = B.bert_int8_logit_error(bert, int8, Path(models.gpt))
-    assert 0 < error < 1  # the features differ, a little; the same features again move nothing:
-    assert B.bert_int8_logit_error(bert, bert, Path(models.gpt)) == 0.0
-    monkeypatch.setattr(B, "MAX_LOGIT_ERROR", error * 1.01)
-    proven, measured = B.prove_int8_bert(bert, Path(models.gpt))
-    assert proven is not bert and measured == pytest.approx(error)
-    monkeypatch.setattr(B, "MAX_LOGIT_ERROR", error * 0.99)  # a model that misses the bound keeps fp32, said in the log
+    gpt = Path(models.gpt)
+    (_, every), (_, keep) = B.CANDIDATES
+    full, partial = B.int8_bert(bert, every), B.int8_bert(bert, keep)
+    assert set(_dynamic(partial)) < set(_dynamic(full))  # the second keeps the feed-forward down projections fp32
+    assert not any(n.endswith(".output.dense") and ".attention." not in n for n in _dynamic(partial))
+    errors = [B.bert_int8_logit_error(bert, q, gpt) for q in (full, partial)]
+    assert all(0 < e < 1 for e in errors)  # the features differ, a little; the same features again move nothing:
+    assert B.bert_int8_logit_error(bert, bert, gpt) == 0.0
+    monkeypatch.setattr(B, "MAX_LOGIT_ERROR", max(errors) * 1.01)  # the first candidate holds: every linear in int8
+    proven, measured = B.prove_int8_bert(bert, gpt)
+    assert _dynamic(proven) == _dynamic(full) and measured == pytest.approx(errors[0])
+    if errors[1] < errors[0]:  # the first misses, the second holds
+        monkeypatch.setattr(B, "MAX_LOGIT_ERROR", (errors[0] + errors[1]) / 2)
+        proven, measured = B.prove_int8_bert(bert, gpt)
+        assert _dynamic(proven) == _dynamic(partial) and measured == pytest.approx(errors[1])
+    monkeypatch.setattr(B, "MAX_LOGIT_ERROR", min(errors) * 0.99)  # a model that misses both keeps fp32, logged
     with caplog.at_level(logging.WARNING, logger="engines.bert_int8"):
-        kept, _ = B.prove_int8_bert(bert, Path(models.gpt))
+        kept, _ = B.prove_int8_bert(bert, gpt)
     assert kept is bert and "the fp32 BERT runs" in caplog.text
 
 
