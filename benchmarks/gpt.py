@@ -622,7 +622,8 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
         zh = dataclasses.replace(params, language="zh")
         async for _ in synth.stream("你好。", voice, zh):  # BERT and the Chinese front-end loaded and warm, as in a bot
             pass  # that spoke Chinese before (they load at the first Chinese sentence, or at start when zh is default)
-        proof = getattr(getattr(synth.engine, "encoders", None), "bert_proof", None)
+        encoders = getattr(synth.engine, "encoders", None)
+        proof = getattr(encoders, "bert_proof", None)
         if proof is not None:  # and the int8 BERT's proof over (engines.bert_int8): what then runs is measured
             await asyncio.to_thread(proof.join)
         for case, text, p in (("cold", PIPELINE_TEXT, params), ("prosody-hit", PIPELINE_TEXT, other),
@@ -634,7 +635,7 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
                 ttfa = ttfa if ttfa is not None else time.perf_counter() - t0
                 audio += chunk.audio.size
             total = time.perf_counter() - t0
-            bert = getattr(getattr(synth.engine, "encoders", None), "bert_precision", "fp32") if p is zh else "-"
+            bert = getattr(encoders, "bert_precision", "fp32") if p is zh else "-"
             rows.append(PipelineRow(precision, size, case, ttfa or 0.0, total / (audio / 32000), audio / 32000,
                                     backend, vocoder=getattr(synth.engine, "vocoder_precision", "fp32"), bert=bert))
         await synth.voicing.delete(voice.id)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -41,6 +41,7 @@ PROOF_SEED = 0  # the proof's phone ids (any: the BERT features are what differs
 
 if TYPE_CHECKING:
     from engines.gpt_sovits.bert import BertFeaturizer
+    from engines.gpt_sovits.gpt import Text2SemanticModel
 
 
 def _ffn_down(name: str) -> bool:
@@ -62,34 +63,62 @@ def int8_bert(bert: BertFeaturizer, keep: Callable[[str], bool] | None = None) -
     return BertFeaturizer(bert.tokenizer, dynamic_int8(bert.model, keep))
 
 
+class _Reference(NamedTuple):
+    """One proof sentence read with the fp32 BERT's features: its characters, phones, greedy path and logits."""
+
+    text: str
+    phones: torch.Tensor  # [2 * chars] int64
+    path: list[int]  # the greedy tokens the int8 runs are fed
+    logits: torch.Tensor  # [PROOF_STEPS + 1, vocab]
+
+
+def _load_gpt(gpt_path: Path) -> Text2SemanticModel:
+    from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
+    from engines.gpt_sovits.gpt import Text2SemanticModel
+
+    return Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(gpt_path))
+
+
+def _read(gpt: Text2SemanticModel, bert: BertFeaturizer, text: str, phones: torch.Tensor,
+          path: list[int]) -> torch.Tensor:
+    """The GPT's logits (reference-free) at its first token and after each of ``path``'s tokens, with ``bert``'s
+    features of ``text``; ``path`` is extended by the greedy choices while shorter than :data:`PROOF_STEPS`."""
+    from engines.gpt_sovits.gpt import KV_BUCKET
+
+    feats = torch.as_tensor(bert.features(text, [2] * len(text)))
+    kv_len = -(-(len(phones) + PROOF_STEPS + 1) // KV_BUCKET) * KV_BUCKET
+    gpt.setup_caches(1, kv_len)
+    rows = [gpt.prefill(0, phones, feats, torch.zeros(0, dtype=torch.long)).reshape(-1)]
+    for i in range(PROOF_STEPS):
+        if len(path) < PROOF_STEPS:
+            path.append(int(rows[-1].argmax()))
+        rows.append(gpt.decode_step(torch.tensor([path[i]]), torch.tensor([len(phones) + i]), None, kv_len)[0])
+    return torch.stack(rows)
+
+
+@torch.inference_mode()
+def _reference(gpt: Text2SemanticModel, fp32: BertFeaturizer) -> list[_Reference]:
+    """:data:`PROOF_TEXTS` read with the fp32 BERT (2 phones a character: the phones need not be the text's)."""
+    rng = np.random.default_rng(PROOF_SEED)
+    out: list[_Reference] = []
+    for text in PROOF_TEXTS:
+        phones = torch.as_tensor(rng.integers(1, gpt.config.phoneme_vocab, 2 * len(text)), dtype=torch.long)
+        path: list[int] = []
+        logits = _read(gpt, fp32, text, phones, path)
+        out.append(_Reference(text, phones, path, logits))
+    return out
+
+
+@torch.inference_mode()
+def _logit_error(gpt: Text2SemanticModel, int8: BertFeaturizer, reference: list[_Reference]) -> float:
+    return max(float((_read(gpt, int8, r.text, r.phones, r.path) - r.logits).abs().max()) for r in reference)
+
+
 def bert_int8_logit_error(fp32: BertFeaturizer, int8: BertFeaturizer, gpt_path: Path) -> float:
     """The largest logit difference of the fp32 GPT at ``gpt_path`` between the two BERTs' features on
     :data:`PROOF_TEXTS` (see the module notes)."""
-    from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
-    from engines.gpt_sovits.gpt import KV_BUCKET, Text2SemanticModel
-
-    gpt = Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(gpt_path))
-    rng = np.random.default_rng(PROOF_SEED)
-    worst = 0.0
-    with torch.inference_mode():
-        for text in PROOF_TEXTS:
-            word2ph = [2] * len(text)  # (2 phones a character; the phones themselves need not be the text's)
-            phones = torch.as_tensor(rng.integers(1, gpt.config.phoneme_vocab, sum(word2ph)), dtype=torch.long)
-            feats = [torch.as_tensor(b.features(text, word2ph)) for b in (fp32, int8)]
-            kv_len = -(-(len(phones) + PROOF_STEPS + 1) // KV_BUCKET) * KV_BUCKET
-            gpt.setup_caches(1, kv_len)
-            path: list[int] = []  # the fp32 run's greedy tokens, fed to the int8 run
-            runs: list[torch.Tensor] = []
-            for bert in feats:
-                rows = [gpt.prefill(0, phones, bert, torch.zeros(0, dtype=torch.long)).reshape(-1)]
-                for i in range(PROOF_STEPS):
-                    if len(path) < PROOF_STEPS:
-                        path.append(int(rows[-1].argmax()))
-                    rows.append(gpt.decode_step(torch.tensor([path[i]]), torch.tensor([len(phones) + i]),
-                                                None, kv_len)[0])
-                runs.append(torch.stack(rows))
-            worst = max(worst, float((runs[1] - runs[0]).abs().max()))
-    return worst
+    gpt = _load_gpt(gpt_path)
+    return _logit_error(gpt, int8, _reference(gpt, fp32))
 
 
 def prove_int8_bert(bert: BertFeaturizer, gpt_path: Path) -> tuple[BertFeaturizer, float]:
@@ -97,10 +126,12 @@ def prove_int8_bert(bert: BertFeaturizer, gpt_path: Path) -> tuple[BertFeaturize
     ``bert`` itself (logged); and the last measured logit error. Runs on the calling thread alone (one torch thread:
     see engines.loader)."""
     set_cpu_threads(1)
+    gpt = _load_gpt(gpt_path)
+    reference = _reference(gpt, bert)  # (read once for every candidate)
     error = float("inf")
     for label, keep in CANDIDATES:
         candidate = int8_bert(bert, keep)
-        error = bert_int8_logit_error(bert, candidate, gpt_path)
+        error = _logit_error(gpt, candidate, reference)
         if error <= MAX_LOGIT_ERROR:
             log.info("int8 BERT (%s): the GPT's logits within %.3f of the fp32 BERT's on this model (bound %.2f)",
                      label, error, MAX_LOGIT_ERROR)
