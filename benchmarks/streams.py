@@ -65,6 +65,8 @@ class StreamsRow:
     audio_s: float  # audio produced by all streams together
     wall_s: float  # from the start to the last chunk of the last stream
     realtime_x: float  # audio_s / wall_s: seconds of speech made per second
+    ttfa_s: list[float]  # each stream's time to first audio, in the order they were started (admitted)
+    late_s: list[float]  # each stream's worst lateness, in the same order
 
 
 def paragraph(i: int) -> str:
@@ -109,9 +111,10 @@ async def _measure(synth: Synthesizer, voice: Voice, params: SynthesisParams, n:
     ttfa = [p[0] for p in plays]
     audio = sum(s for r in results for _, s in r)
     row = StreamsRow(n, float(np.median(ttfa)), max(ttfa), sum(p[1] > 0 for p in plays), max(p[2] for p in plays),
-                     audio, wall, audio / wall)
-    log.info("%d streams: ttfa median %.3f s, %d underran, worst %.3f s late, %.2fx real time", n,
-             row.ttfa_median_s, row.underruns, row.worst_late_s, row.realtime_x)
+                     audio, wall, audio / wall, ttfa, [p[2] for p in plays])
+    log.info("%d streams: ttfa median %.3f s, %d underran, worst %.3f s late, %.2fx real time; each stream's ttfa "
+             "%s s, worst lateness %s s", n, row.ttfa_median_s, row.underruns, row.worst_late_s, row.realtime_x,
+             " / ".join(f"{t:.2f}" for t in row.ttfa_s), " / ".join(f"{t:.2f}" for t in row.late_s))
     return row
 
 
