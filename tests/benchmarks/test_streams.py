@@ -45,6 +45,8 @@ def test_bench_streams_command_at_tiny_size(tiny_models: Path, tmp_path: Path,
     assert [r["streams"] for r in rows] == [1, 3]
     for r in rows:
         assert 0 < r["ttfa_median_s"] <= r["ttfa_max_s"] < r["wall_s"]
+        assert len(r["ttfa_s"]) == len(r["late_s"]) == r["streams"]  # each stream's own figures
+        assert max(r["ttfa_s"]) == r["ttfa_max_s"] and max(r["late_s"]) == r["worst_late_s"]
         assert r["audio_s"] > 1.0 * r["streams"]  # every stream spoke its paragraph
         assert r["realtime_x"] == pytest.approx(r["audio_s"] / r["wall_s"])
     table = capsys.readouterr().out
