@@ -32,7 +32,8 @@ from engines.runtime import set_cpu_threads
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CANDIDATES", "MAX_LOGIT_ERROR", "PROOF_TEXTS", "bert_int8_logit_error", "int8_bert", "prove_int8_bert"]
+__all__ = ["CANDIDATES", "MAX_LOGIT_ERROR", "PROOF_TEXTS", "ProofStopped", "bert_int8_logit_error", "int8_bert",
+           "prove_int8_bert"]
 
 MAX_LOGIT_ERROR = 0.15  # the int8 GPT's bound against upstream's logits (tests/engines/test_int8_proof.py)
 PROOF_TEXTS = ("今天天气很好，我们去公园散步吧。", "请把窗户关上，外面的风太大了。", "这本书讲的是一个很长很长的故事。")
@@ -42,6 +43,10 @@ PROOF_SEED = 0  # the proof's phone ids (any: the BERT features are what differs
 if TYPE_CHECKING:
     from engines.gpt_sovits.bert import BertFeaturizer
     from engines.gpt_sovits.gpt import Text2SemanticModel
+
+
+class ProofStopped(Exception):
+    """The proof was asked to stop (the process is exiting) before it ended; the fp32 BERT stays."""
 
 
 def _ffn_down(name: str) -> bool:
@@ -96,12 +101,22 @@ def _read(gpt: Text2SemanticModel, bert: BertFeaturizer, text: str, phones: torc
     return torch.stack(rows)
 
 
+def _never() -> bool:
+    return False
+
+
+def _check(stop: Callable[[], bool]) -> None:
+    if stop():
+        raise ProofStopped("the int8 BERT's proof was stopped before it ended")
+
+
 @torch.inference_mode()
-def _reference(gpt: Text2SemanticModel, fp32: BertFeaturizer) -> list[_Reference]:
+def _reference(gpt: Text2SemanticModel, fp32: BertFeaturizer, stop: Callable[[], bool] = _never) -> list[_Reference]:
     """:data:`PROOF_TEXTS` read with the fp32 BERT (2 phones a character: the phones need not be the text's)."""
     rng = np.random.default_rng(PROOF_SEED)
     out: list[_Reference] = []
     for text in PROOF_TEXTS:
+        _check(stop)
         phones = torch.as_tensor(rng.integers(1, gpt.config.phoneme_vocab, 2 * len(text)), dtype=torch.long)
         path: list[int] = []
         logits = _read(gpt, fp32, text, phones, path)
@@ -110,8 +125,13 @@ def _reference(gpt: Text2SemanticModel, fp32: BertFeaturizer) -> list[_Reference
 
 
 @torch.inference_mode()
-def _logit_error(gpt: Text2SemanticModel, int8: BertFeaturizer, reference: list[_Reference]) -> float:
-    return max(float((_read(gpt, int8, r.text, r.phones, r.path) - r.logits).abs().max()) for r in reference)
+def _logit_error(gpt: Text2SemanticModel, int8: BertFeaturizer, reference: list[_Reference],
+                 stop: Callable[[], bool] = _never) -> float:
+    error = 0.0
+    for r in reference:
+        _check(stop)
+        error = max(error, float((_read(gpt, int8, r.text, r.phones, r.path) - r.logits).abs().max()))
+    return error
 
 
 def bert_int8_logit_error(fp32: BertFeaturizer, int8: BertFeaturizer, gpt_path: Path) -> float:
@@ -121,17 +141,20 @@ def bert_int8_logit_error(fp32: BertFeaturizer, int8: BertFeaturizer, gpt_path: 
     return _logit_error(gpt, int8, _reference(gpt, fp32))
 
 
-def prove_int8_bert(bert: BertFeaturizer, gpt_path: Path) -> tuple[BertFeaturizer, float]:
+def prove_int8_bert(bert: BertFeaturizer, gpt_path: Path,
+                    stop: Callable[[], bool] = _never) -> tuple[BertFeaturizer, float]:
     """The first int8 copy of ``bert`` (:data:`CANDIDATES`) whose proof holds on the GPT at ``gpt_path``, else
     ``bert`` itself (logged); and the last measured logit error. Runs on the calling thread alone (one torch thread:
-    see engines.loader)."""
+    see engines.loader). ``stop`` is asked between the proof's parts (a second or so of work each, quantising a
+    candidate up to 4.6 s at the real size); once it says True the proof raises :class:`ProofStopped`."""
     set_cpu_threads(1)
     gpt = _load_gpt(gpt_path)
-    reference = _reference(gpt, bert)  # (read once for every candidate)
+    reference = _reference(gpt, bert, stop)  # (read once for every candidate)
     error = float("inf")
     for label, keep in CANDIDATES:
+        _check(stop)
         candidate = int8_bert(bert, keep)
-        error = _logit_error(gpt, candidate, reference)
+        error = _logit_error(gpt, candidate, reference, stop)
         if error <= MAX_LOGIT_ERROR:
             log.info("int8 BERT (%s): the GPT's logits within %.3f of the fp32 BERT's on this model (bound %.2f)",
                      label, error, MAX_LOGIT_ERROR)

@@ -3,6 +3,7 @@ encode every backend runs with them."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from pathlib import Path
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from engines.gpt_sovits.ssl import HubertEncoder
 
 log = logging.getLogger(__name__)
+
+PROOF_JOIN_S = 10.0  # how long an exiting process waits for the int8 BERT's proof to stop (one part: up to 4.6 s at the real size)
 
 
 class LazyEncoders:
@@ -39,6 +42,7 @@ class LazyEncoders:
         self.bert_precision = "fp32"  # what runs: int8 once its proof held (engines.bert_int8)
         self.bert_int8_error: float | None = None  # the proof's measured logit error
         self.bert_proof: threading.Thread | None = None  # the proof, running beside the fp32 BERT until it ends
+        self._stop_proof = threading.Event()
 
     def hubert(self) -> HubertEncoder:
         with self._lock:
@@ -59,18 +63,33 @@ class LazyEncoders:
                     # it and the proof take seconds of one core: the first Chinese sentence does not wait for them)
                     self.bert_proof = threading.Thread(target=self._prove_int8_bert, args=(self._bert,),
                                                        name="voicebot-bert-int8", daemon=True)
+                    atexit.register(self.stop_background)
                     self.bert_proof.start()
             return self._bert
 
+    def stop_background(self, timeout_s: float = PROOF_JOIN_S) -> None:
+        """Stop the int8 BERT's proof if it runs and wait for it (at most ``timeout_s``); the fp32 BERT stays.
+        Called at interpreter exit: a daemon thread still inside torch when Python finalises may crash the exit."""
+        self._stop_proof.set()
+        proof = self.bert_proof
+        if proof is not None and proof is not threading.current_thread():
+            proof.join(timeout_s)
+        atexit.unregister(self.stop_background)
+
     def _prove_int8_bert(self, bert: BertFeaturizer) -> None:
-        from engines.bert_int8 import prove_int8_bert
+        from engines.bert_int8 import ProofStopped, prove_int8_bert
 
         assert self.int8_bert_for is not None
         try:
-            proven, self.bert_int8_error = prove_int8_bert(bert, self.int8_bert_for)
+            proven, self.bert_int8_error = prove_int8_bert(bert, self.int8_bert_for, self._stop_proof.is_set)
+        except ProofStopped:
+            log.info("the int8 BERT's proof stopped before it ended (shutting down); the fp32 BERT stays")
+            return
         except Exception:  # (the fp32 BERT simply stays)
             log.exception("the int8 BERT could not be made or proven; the fp32 BERT runs")
             return
+        finally:
+            atexit.unregister(self.stop_background)  # (ended: nothing to stop at exit)
         if proven is not bert:
             with self._lock:
                 self._bert, self.bert_precision = proven, "int8"

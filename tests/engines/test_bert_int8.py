@@ -94,6 +94,30 @@ def test_encoders_serve_fp32_then_the_proven_int8_bert(models, bert_dir: Path, m
     assert plain.bert() is not None and plain.bert_proof is None and plain.bert_precision == "fp32"
 
 
+def test_a_proof_asked_to_stop_ends_and_the_fp32_bert_stays(bert: BertFeaturizer, bert_dir: Path, models,
+                                                             monkeypatch, caplog) -> None:
+    asked: list[int] = []
+
+    def stop_at_third() -> bool:  # the proof asks between its parts: stop at the third question
+        asked.append(1)
+        return len(asked) >= 3
+
+    with pytest.raises(B.ProofStopped):
+        B.prove_int8_bert(bert, Path(models.gpt), stop_at_third)
+    assert len(asked) == 3
+    monkeypatch.setattr(B, "MAX_LOGIT_ERROR", 10.0)  # it would hold: only the stop keeps the fp32 BERT
+    encoders = LazyEncoders(None, bert_dir, "cpu", torch.float32)
+    encoders.int8_bert_for = Path(models.gpt)
+    encoders._stop_proof.set()  # (as the process exit does, here before the proof's first question)
+    with caplog.at_level(logging.INFO, logger="engines.encoders"):
+        first = encoders.bert()
+        assert encoders.bert_proof is not None
+        encoders.bert_proof.join(120)
+    assert not encoders.bert_proof.is_alive() and "proof stopped before it ended" in caplog.text
+    assert encoders.bert() is first and encoders.bert_precision == "fp32" and encoders.bert_int8_error is None
+    encoders.stop_background()  # (also when nothing runs)
+
+
 def test_the_int8_engines_ask_for_the_int8_bert(models, tmp_path: Path) -> None:
     from engines.onnx_engine import OnnxEngine
 
