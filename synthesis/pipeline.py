@@ -23,7 +23,7 @@ from engines import SAMPLE_RATE, Engine, SamplingParams, SemanticRequest, Speech
 from synthesis.cache import SynthesisCache
 from synthesis.metrics import PipelineStats
 from synthesis.scheduler import LIVE, Clock, Deadline, DeviceWorker
-from synthesis.stages import EARLY_MAX_SPEED, EarlyAudio, SentenceJob, Stages, finish
+from synthesis.stages import EARLY_MAX_SPEED, EarlyAudio, SentenceJob, Stages, at_speed, finish
 from synthesis.text import SentenceStream, split_sentences, text_to_phonemes
 from synthesis.types import AudioChunk, BusyError, DeadlineError, Limits, SynthesisParams, Voice, VoiceNotFound
 from synthesis.voices import VoiceStore
@@ -222,7 +222,7 @@ class Synthesizer:
                 wait_s = self.limits.deadline_s * (FIRST_WAIT_SHARE if index == 0 else 1.0)
                 job = SentenceJob(sentence, index, v, p, Deadline(wait_s, at=overall, opens=index == 0), priority,
                                   (request, index))
-                tokens = self.limits.first_chunk_tokens
+                tokens = at_speed(self.limits.first_chunk_tokens, p.speed)
                 early = EarlyAudio(self.stages, job, tokens) if index == 0 and tokens > 0 and \
                     p.speed <= EARLY_MAX_SPEED else None
                 gpt_done = asyncio.Event()

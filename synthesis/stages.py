@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -35,12 +36,26 @@ from synthesis.types import AudioChunk, SynthesisParams, Voice
 EARLY_HOLDBACK_TOKENS = 4  # a window's last tokens lack right context: the next piece replaces them
 EARLY_CONTEXT_TOKENS = 8  # tokens before a piece decoded with it as left context (their audio is not used again)
 CROSSFADE_SAMPLES = 640  # 20 ms @ 32 kHz where one piece of a sentence hands over to the next
-# Faster than this a first sentence is spoken whole: at speed s a token is 40 / s ms of audio while its GPT step costs
-# the same, so the windows' margin shrinks by s. Real size, AVX2 kernels, 2-core EPYC Zen 4, the pipeline bench's
-# text, 3 runs each: first audio 0.31 s at speed 1.25 (0.54 s spoken whole), no gap; beside one busy process 0.50-0.75
-# s, no gap. At 1.5 (the same decodes, joined by a waveform search that frame edges replaced) 0.31 s quiet (0.57 s
-# whole), but beside a busy process one 25 ms gap in 3 runs.
-EARLY_MAX_SPEED = 1.25
+# Faster than this a first sentence is spoken whole. At speed s a token is 40 / s ms of audio while its GPT step costs
+# the same, so the windows' margin shrinks by s: faster than 1, the first window and the held-back tokens are s times
+# as many (:func:`at_speed`: as many latent frames as at speed 1; the later windows double from the first). Real
+# size, AVX2 kernels, 2-core EPYC Zen 4, 3 runs each, the pipeline bench's text / a first sentence of 5.5 s at speed
+# 1: at 1.5 first audio 0.34 / 0.38 s (spoken whole: 0.61 / 1.38 s), no gap; beside one busy process 0.57 / 0.68 s
+# (whole: 0.88 / 2.03 s), one gap of 29 ms in 6 runs (with speed 1's 16 tokens and 4 held back: gaps in 2 of 3 runs
+# of the short text). At 1.25: 0.39 / 0.48 s, beside a busy process 0.62 / 0.72 s, no gap. At 2 quiet 0.36 / 0.44 s,
+# no gap, but beside a busy process gaps of 45-183 ms in 5 of 9 runs (the third window: at speed 2 its GPT steps and
+# decode took longer than the audio before it played): not enabled.
+EARLY_MAX_SPEED = 1.5
+
+
+def at_speed(tokens: int, speed: float) -> int:
+    """``tokens`` at speed 1 and slower, ``speed`` times as many faster: the first window and the held-back tokens
+    are as many latent frames at any speed as at speed 1 (see :data:`EARLY_MAX_SPEED`; the held-back tokens lack
+    right context, and 4 of them at speed 2 joined the next piece at a correlation of 0.94-0.97 past the crossfade
+    where 8 joined at 0.99, tiny model)."""
+    return math.ceil(tokens * max(1.0, speed))
+
+
 TokenCallback = Callable[[np.ndarray], None]
 
 
@@ -376,7 +391,7 @@ class EarlyAudio:
         t0 = time.perf_counter()
         sent, speed = self._sent, self.job.params.speed
         start = sent.start if sent is not None else 0
-        upto = tokens.size - EARLY_HOLDBACK_TOKENS
+        upto = tokens.size - at_speed(EARLY_HOLDBACK_TOKENS, speed)
         if upto <= (sent.tokens if sent is not None else 0):
             return  # (a first window of at most the held-back tokens: nothing to send)
         size = tokens.size - start
