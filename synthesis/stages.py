@@ -52,7 +52,8 @@ def at_speed(tokens: int, speed: float) -> int:
     """``tokens`` at speed 1 and slower, ``speed`` times as many faster: the first window and the held-back tokens
     are as many latent frames at any speed as at speed 1 (see :data:`EARLY_MAX_SPEED`; the held-back tokens lack
     right context, and 4 of them at speed 2 joined the next piece at a correlation of 0.94-0.97 past the crossfade
-    where 8 joined at 0.99, tiny model)."""
+    where 8 joined at 0.99, tiny model; real size, default noise, at speed 1.5: hand-overs 15.8-18.7 dB with 6 held
+    back, 12.7-14.5 dB with 4)."""
     return math.ceil(tokens * max(1.0, speed))
 
 
