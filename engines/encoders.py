@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PROOF_JOIN_S = 10.0  # how long an exiting process waits for the int8 BERT's proof to stop (one part: up to 4.6 s at the real size)
+# how long an exiting process waits for the int8 BERT's proof to stop (its longest part: 4.6 s at the real size)
+PROOF_JOIN_S = 10.0
 
 
 class LazyEncoders:

@@ -194,7 +194,7 @@ async def test_each_piece_continues_the_waveform_before_it(synth, voice, monkeyp
         assert a @ b / np.sqrt((a @ a) * (b @ b)) > 0.98
 
 
-async def test_a_prosody_hit_vocodes_the_at_speed_first(synth, voice):
+async def test_a_prosody_hit_vocodes_the_first_window_first(synth, voice):
     """On a prosody-cache hit every sentence reaches the vocoder at once: the first sentence's first window is still
     the worker's first decode (the next sentence's waits for the first audio before it), not the second sentence."""
     synth.limits = dataclasses.replace(synth.limits, first_chunk_tokens=12)
