@@ -228,3 +228,18 @@ def test_one_linear_through_the_step_products(rows: int) -> None:
         cpu_step.linear(lib, q, None, bias, x)
     with pytest.raises(ValueError, match="refused"):
         cpu_step.linear(lib, w, None, bias, torch.randn(cpu_step.MAX_ROWS + 1, 64))
+
+
+def test_rows_together_equal_each_row_alone() -> None:
+    """The int8 products widen each weight once for a group of up to 4 rows (4, 3 or 2, then one at a time): every
+    row of a batch equals the same row decoded alone, bit for bit (integer sums), for every way a batch splits."""
+    lib = cpu_step.load_library()
+    if lib is None:
+        pytest.skip(f"fused step unavailable: {cpu_step.unavailable_reason()}")
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(-127, 128, (40, 2048), generator=g, dtype=torch.int8)
+    scale, bias = torch.rand(40, generator=g) * 1e-2, torch.randn(40, generator=g)
+    x = torch.randn(cpu_step.MAX_ROWS, 2048, generator=g)
+    alone = torch.cat([cpu_step.linear(lib, q, scale, bias, x[i:i + 1]) for i in range(x.shape[0])])
+    for rows in range(1, cpu_step.MAX_ROWS + 1):
+        assert torch.equal(cpu_step.linear(lib, q, scale, bias, x[:rows]), alone[:rows]), rows
