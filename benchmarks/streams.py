@@ -1,7 +1,7 @@
 """``python -m bot bench-streams``: how many real-time speech streams this machine holds at once.
 
 For each N of ``--streams``, N requests start together, each speaking its own 4-sentence paragraph (its own text and
-seed, so no request reuses another's cache entries) through ``Synthesizer.stream``, as the Discord speakers and the
+no seed, as the bot's default, with the cache keeping no random samples, so no request reuses cache entries) through ``Synthesizer.stream``, as the Discord speakers and the
 HTTP streams do, over the models and engine the config names (with a temporary voice folder and caches, as
 ``bench-http``). Each stream is played as it arrives, like the Discord audio source: playback starts with the first
 chunk, and every later chunk must arrive before the audio ahead of it has finished playing, else the listener hears
@@ -100,12 +100,11 @@ async def _one_stream(synth: Synthesizer, voice: Voice, params: SynthesisParams,
     return arrivals
 
 
-async def _measure(synth: Synthesizer, voice: Voice, params: SynthesisParams, n: int, round_: int) -> StreamsRow:
-    seeds = [1000 * round_ + i for i in range(n)]  # new seeds every round: every request misses the caches
+async def _measure(synth: Synthesizer, voice: Voice, params: SynthesisParams, n: int) -> StreamsRow:
     t0 = time.perf_counter()
+    # no seed, as the bot's default (the cache keeps no random samples here: every request misses it)
     results = await asyncio.gather(*(
-        _one_stream(synth, voice, dataclasses.replace(params, seed=seed), paragraph(i), t0)
-        for i, seed in enumerate(seeds)))
+        _one_stream(synth, voice, dataclasses.replace(params, seed=-1), paragraph(i), t0) for i in range(n)))
     wall = max(r[-1][0] for r in results)
     plays = [playback(r) for r in results]
     ttfa = [p[0] for p in plays]
@@ -123,7 +122,8 @@ async def _bench(config: Any, counts: list[int], pace: int = 0) -> tuple[list[St
         config = bench_config(config, Path(tmp))
         # the bench measures the engine, not the configured queue bound
         config = dataclasses.replace(config, synthesis=dataclasses.replace(
-            config.synthesis, queue_size=max(config.synthesis.queue_size, 2 * max(counts))))
+            config.synthesis, queue_size=max(config.synthesis.queue_size, 2 * max(counts))),
+            cache=dataclasses.replace(config.cache, reuse_random=False))
         synth = build_synthesizer(config)
         if pace:
             from benchmarks.gpt import natural_pace
@@ -138,7 +138,7 @@ async def _bench(config: Any, counts: list[int], pace: int = 0) -> tuple[list[St
             params = dataclasses.replace(config.synthesis.params, language=LANGUAGE)
             async for _ in synth.stream(WARMUP_TEXT, voice, dataclasses.replace(params, seed=1)):
                 pass  # untimed: first-use costs of kernels and caches
-            rows = [await _measure(synth, voice, params, n, k + 1) for k, n in enumerate(counts)]
+            rows = [await _measure(synth, voice, params, n) for n in counts]
             meta = {"engine": synth.engine_name, "device": synth.device, "precision": synth.precision,
                     "gpt": str(config.models.gpt), "sentences_per_stream": SENTENCES_PER_STREAM,
                     "vocoder": getattr(synth.engine, "vocoder_precision", "fp32"), "pace": pace}

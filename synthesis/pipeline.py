@@ -22,7 +22,7 @@ import numpy as np
 from engines import SAMPLE_RATE, Engine, SamplingParams, SemanticRequest, SpeechError, VoicePrompt
 from synthesis.cache import SynthesisCache
 from synthesis.metrics import PipelineStats
-from synthesis.scheduler import LIVE, Clock, Deadline, DeviceWorker
+from synthesis.scheduler import LIVE, Clock, Deadline, DeviceWorker, Playback
 from synthesis.stages import EARLY_MAX_SPEED, EarlyAudio, SentenceJob, Stages, at_speed, finish
 from synthesis.text import SentenceStream, split_sentences, text_to_phonemes
 from synthesis.types import AudioChunk, BusyError, DeadlineError, Limits, SynthesisParams, Voice, VoiceNotFound
@@ -158,10 +158,11 @@ class Synthesizer:
             release()
             raise
         self.counters["requests"] += 1
-        started, audio_s = time.perf_counter(), 0.0
+        started, audio_s, playing_from = time.perf_counter(), 0.0, 0.0
         order: _Order = asyncio.Queue(LOOKAHEAD)  # bounded: how far the producer renders ahead
         overall = math.inf if deadline is None else float(deadline)
-        producer = asyncio.create_task(self._produce(text, v, p, overall, priority, order))
+        playback = Playback()  # when the listener runs out of audio, for the worker's order
+        producer = asyncio.create_task(self._produce(text, v, p, overall, priority, order, playback))
         current: _InFlight | None = None
         try:
             while (item := await order.get()) is not None:
@@ -181,12 +182,14 @@ class Synthesizer:
                         waited.wait_s = math.inf
                     partial = await item.early.next_chunk() if item.early is not None else None
                     chunk = partial if partial is not None else await item.task
-                    if partial is not None and self._admitted > 1:
-                        # Another request speaks too: the early words go out with the rest of their sentence, the
-                        # same samples one chunk later. Beside another stream the rest cannot follow the early
-                        # words in time (bench-streams, 2 streams, 2-core EPYC, natural pace: with 0.8 s of early
-                        # words both had ~1 s gaps; with 0.48 s (16 tokens, Zen 4, AVX2 kernels, two runs) gaps of
-                        # 0.64 and 0.83 s; none with them held back), while one stream alone keeps them.
+                    if partial is not None and self._admitted > 1 and audio_s == 0.0:
+                        # Another request speaks too and this one has not started: the early words go out with the
+                        # rest of their sentence, the same samples one chunk later, and no more windows are
+                        # decoded (see _produce). Beside another stream the rest cannot follow the early words in
+                        # time (bench-streams, 2 streams, 2-core EPYC, natural pace: with 0.8 s of early words
+                        # both had ~1 s gaps; with 0.48 s (16 tokens, Zen 4, AVX2 kernels, two runs) gaps of 0.64
+                        # and 0.83 s; none with them held back), while one stream alone keeps them. A request
+                        # already speaking keeps sending its windows: held, they would only leave it silent longer.
                         held.append(partial.audio)
                         continue
                     if held:
@@ -194,7 +197,9 @@ class Synthesizer:
                         held = []
                     if audio_s == 0.0:
                         self.stats.ttfa_s.append(time.perf_counter() - started)
+                        playing_from = self.clock()
                     audio_s += chunk.audio.size / SAMPLE_RATE
+                    playback.runs_out = playing_from + audio_s  # (played from the first chunk on, as it comes)
                     yield chunk
                     if partial is None:
                         break
@@ -211,8 +216,18 @@ class Synthesizer:
             await _cancel_in_flight(producer, current, order)
 
     async def _produce(self, text: str | AsyncIterator[str], v: Voice, p: SynthesisParams, overall: float,
-                       priority: int, order: _Order) -> None:
-        """Start a render task per sentence as soon as the sentence is complete."""
+                       priority: int, order: _Order, playback: Playback) -> None:
+        """Start a render task per sentence as soon as the sentence is complete.
+
+        Without a seed, the first sentence's early words (:class:`EarlyAudio`) decode their windows only while the
+        request is the only one admitted or has started speaking: beside another request they would be held back
+        anyway (see :meth:`_stream`), and decoding them cost the device 30-45 tokens of vocoder work a stream. (With
+        a seed they are decoded all the same, so that its samples are the same whatever the load: a sentence
+        decoded whole differs from its windows at their joins.) Without them
+        (and with :class:`~synthesis.scheduler.Playback`), ``bench-streams --streams 2,3,4 --pace 2`` (real size,
+        2-core AMD EPYC Zen 4 running AVX2 kernels, 4 rounds alternated with the code before): 2 streams spoke
+        after 0.81-0.91 / 1.77-1.96 s instead of 1.27-1.39 / 2.17-2.54 s; 3 streams had no gap (before: 0.05-0.51 s
+        gaps in 3 of 4 runs); 3.8-4.4x real time in all instead of 3.3-4.0x (bench-streams asks for no seed)."""
         request = self.stages.next_request()
         previous_gpt: asyncio.Event | None = None
         previous_out: asyncio.Event | None = None
@@ -220,11 +235,13 @@ class Synthesizer:
             async for index, sentence in _enumerate(self._sentences(text, p)):
                 # the sentence's own wait bound: its clock starts when the consumer waits for it
                 wait_s = self.limits.deadline_s * (FIRST_WAIT_SHARE if index == 0 else 1.0)
-                job = SentenceJob(sentence, index, v, p, Deadline(wait_s, at=overall, opens=index == 0), priority,
+                job = SentenceJob(sentence, index, v, p,
+                                  Deadline(wait_s, at=overall, opens=index == 0, playback=playback), priority,
                                   (request, index))
                 tokens = at_speed(self.limits.first_chunk_tokens, p.speed)
-                early = EarlyAudio(self.stages, job, tokens) if index == 0 and tokens > 0 and \
-                    p.speed <= EARLY_MAX_SPEED else None
+                wanted = None if p.seed != -1 else lambda: self._admitted <= 1 or playback.speaking
+                early = EarlyAudio(self.stages, job, tokens, wanted) \
+                    if index == 0 and tokens > 0 and p.speed <= EARLY_MAX_SPEED else None
                 gpt_done = asyncio.Event()
                 out = early.first_out if early is not None else asyncio.Event()
                 item = _InFlight(asyncio.create_task(self._render(job, early, (previous_gpt, gpt_done),

@@ -12,13 +12,14 @@ request the engine refuses fails alone, a failed decode step is retried without 
 closed worker fails what it still holds). Cancelling the awaiting task cancels the job; for the GPT that takes
 effect before the next decode step.
 
-Order: ``priority`` (a class: :data:`LIVE` before :data:`BACKGROUND`), then whether somebody already waits for
-the job's result (its :class:`Deadline` started: the sentence being played next goes before sentences rendered
-ahead), then ``order`` (any tuple; the pipeline passes (request, sentence), so the requests admitted first are
+Order: ``priority`` (a class: :data:`LIVE` before :data:`BACKGROUND`), then urgency: first the work of requests
+whose listener is about to run out of audio (:class:`Playback`), then jobs somebody already waits for (their
+:class:`Deadline` started: the sentence being played next goes before sentences rendered ahead), then ``order`` (any tuple; the pipeline passes (request, sentence), so the requests admitted first are
 finished first), then arrival. A deadline bounds how long a job may *wait* for its lane; a job that has started
 is finished. So that a request that starts speaking is finished even under overload, a new request's first
 sentence leaves a quarter of the decode slots to requests already speaking, and on a CPU's single device thread
-a vocoder call somebody waits for gets a turn after every GPT step.
+a vocoder call somebody waits for gets a turn after every GPT step (unless that GPT work keeps a listener who is
+about to run out of audio going and the call does not).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+LOW, WAITED, AHEAD = 0, 1, 2  # urgency within a priority class (see _Job.urgency)
 LIVE = 0  # priority of requests somebody is waiting for
 BACKGROUND = 10  # priority of precompute work
 _IDLE_POLL_S = 0.05  # how often an idle lane checks for shutdown
@@ -55,6 +57,33 @@ class WorkerClosed(SpeechError):
     """The synthesis worker has shut down."""
 
 
+# A speaking request with less audio than this left to play: its work goes first (see Playback). bench-streams
+# --pace 2 (real size, 2-core AMD EPYC Zen 4 running AVX2 kernels, about 4x real time in all): 4 streams, more than
+# the 2 cores keep up with, had no gap in 2 runs with 3 s (the fourth stream started after 10.6-11.2 s, once the
+# others had audio in hand), gaps of 0.2-1.25 s in 3 of 4 runs with 1.5 s and 0.3-1.9 s in 2 of 2 with 0.75 s;
+# 2 and 3 streams started as early with each (no gap in any run).
+LOW_BUFFER_S = 3.0
+
+
+class Playback:
+    """When a speaking request's listener runs out of audio (``runs_out``, a ``clock()`` time; inf until it speaks),
+    shared by the :class:`Deadline` of each of its sentences: written by the pipeline as chunks go out, read by the
+    worker. While less than :data:`LOW_BUFFER_S` is left, the request's work goes before other work, also before
+    the first sentences of requests that have not started (a later start is heard less than a gap in speech)."""
+
+    __slots__ = ("runs_out",)
+
+    def __init__(self) -> None:
+        self.runs_out = math.inf
+
+    @property
+    def speaking(self) -> bool:
+        return self.runs_out != math.inf
+
+    def low(self, now: float) -> bool:
+        return self.runs_out - now < LOW_BUFFER_S
+
+
 class Deadline:
     """How long a request's job may wait for its lane, in ``clock()`` seconds.
 
@@ -64,13 +93,15 @@ class Deadline:
     all the jobs of one sentence (BERT, GPT, vocoder).
     """
 
-    __slots__ = ("wait_s", "at", "started", "opens")
+    __slots__ = ("wait_s", "at", "started", "opens", "playback")
 
-    def __init__(self, wait_s: float = math.inf, *, at: float = math.inf, opens: bool = False) -> None:
+    def __init__(self, wait_s: float = math.inf, *, at: float = math.inf, opens: bool = False,
+                 playback: Playback | None = None) -> None:
         self.wait_s = wait_s
         self.at = at
         self.started = math.inf  # when somebody began waiting (inf: nobody yet)
         self.opens = opens  # the first sentence of a request: it starts new work rather than finishing some
+        self.playback = playback  # the request's, when it is spoken as it comes
 
     def start(self, now: float) -> None:
         """Somebody waits for this sentence from ``now`` on (the first call counts)."""
@@ -97,11 +128,15 @@ class _Job:
     order: tuple[Any, ...] = ()
     submitted: float = 0.0  # clock() when it was queued
 
-    @property
-    def waited_for(self) -> int:
-        """0 when somebody waits for the result already, else 1 (the sort key: waited-for jobs first)."""
+    def urgency(self, now: float) -> int:
+        """The sort key's urgency: :data:`LOW` when its request is speaking and about to run out of audio,
+        :data:`WAITED` when somebody waits for the result already, else :data:`AHEAD`."""
         d = self.deadline
-        return 0 if isinstance(d, Deadline) and d.started != math.inf else 1
+        if not isinstance(d, Deadline):
+            return AHEAD
+        if d.playback is not None and d.playback.low(now):
+            return LOW
+        return WAITED if d.started != math.inf else AHEAD
 
     def expired(self, now: float) -> bool:
         """Has it waited past its deadline (a float is an absolute ``clock()`` limit)?"""
@@ -284,9 +319,10 @@ class DeviceWorker:
                 call_prio = self._call_priority()
                 gpt_prio = self._gpt_priority()
                 # A call somebody waits for gets a turn after every GPT step even when the GPT's work is more
-                # urgent: a decode of hundreds of steps must not hold back the audio another listener waits for.
-                interleave = (ticked and call_prio is not None and gpt_prio is not None and call_prio[1] == 0
-                              and call_prio[0] <= gpt_prio[0])
+                # urgent: a decode of hundreds of steps must not hold back the audio another listener waits for;
+                # but not before the GPT of a request about to run out of audio, unless that call is for one too.
+                interleave = (ticked and call_prio is not None and gpt_prio is not None and call_prio[1] <= WAITED
+                              and call_prio[0] <= gpt_prio[0] and (gpt_prio[1] != LOW or call_prio[1] == LOW))
                 if call_prio is not None and (gpt_prio is None or call_prio <= gpt_prio or interleave):
                     self._run_call(block=False)
                     ticked = False
@@ -327,23 +363,23 @@ class DeviceWorker:
         self._fail_running(WorkerClosed("the synthesis worker shut down before this request was done"))
         self._fail_queued()
 
-    @staticmethod
-    def _key(job: _Job) -> tuple[int, int, tuple[Any, ...]]:
-        """How urgent a job is: (priority class, waited-for first, order)."""
-        return job.priority, job.waited_for, job.order
+    def _key(self, job: _Job, now: float | None = None) -> tuple[int, int, tuple[Any, ...]]:
+        """How urgent a job is: (priority class, urgency, order)."""
+        return job.priority, job.urgency(self.clock() if now is None else now), job.order
 
     def _call_priority(self) -> tuple[int, int, tuple[Any, ...]] | None:
         """The key of the most urgent queued vocoder call (None: none queued)."""
-        q = self._call_queue
+        q, now = self._call_queue, self.clock()
         with q.mutex:
-            return min((self._key(e[-1]) for e in q.queue), default=None)
+            return min((self._key(e[-1], now) for e in q.queue), default=None)
 
     def _gpt_priority(self) -> tuple[int, int, tuple[Any, ...]] | None:
         """The key of the most urgent GPT work (running or queued), None when there is none."""
-        candidates = [self._key(j) for j in list(self._gpt.running.values())]
+        now = self.clock()
+        candidates = [self._key(j, now) for j in list(self._gpt.running.values())]
         q = self._gpt_queue
         with q.mutex:
-            candidates.extend(self._key(e[-1]) for e in q.queue)
+            candidates.extend(self._key(e[-1], now) for e in q.queue)
         return min(candidates) if candidates else None
 
     def _take_call(self, *, block: bool) -> _CallJob | None:
@@ -358,8 +394,9 @@ class DeviceWorker:
                 q.not_empty.wait(_IDLE_POLL_S)
             if not q.queue:
                 return None
-            # whether a job is waited for changes while it is queued, so the heap's order is only a start
-            best = min(q.queue, key=lambda e: (self._key(e[-1]), e[2]))
+            # a job's urgency changes while it is queued, so the heap's order is only a start
+            now = self.clock()
+            best = min(q.queue, key=lambda e: (self._key(e[-1], now), e[2]))
             q.queue.remove(best)
             heapq.heapify(q.queue)
             return best

@@ -303,7 +303,8 @@ class EarlyAudio:
     0.40 / 0.41 s, RTF 0.35 / 0.36 against 0.38 / 0.36, no gap in any; beside a busy process (a slower CPU), 4 runs
     each: 0.78 s against 0.61 s, RTF 0.61 against 0.58, and one 0.18 s gap in the former's second window. Windows
     end at fixed token counts, every one the sentence reaches is decoded, so the audio depends only on the tokens
-    (a prosody-cache hit speaks the same samples as the run that filled it). A window decoded with 8 tokens of left
+    (a prosody-cache hit speaks the same samples as the run that filled it) while ``wanted`` holds (the pipeline
+    stops the windows beside another request that has not started speaking; the sentence is then decoded whole). A window decoded with 8 tokens of left
     context matched the whole sentence's decode at 29-31 dB SNR (real size, noise-free), the first window (no right
     context) at 24 dB. At another speed (up to :data:`EARLY_MAX_SPEED`) every piece is decoded at that speed, its
     tokens found in it by :func:`~engines.token_sample` (at a frame edge, see :class:`Spoken`).
@@ -313,12 +314,16 @@ class EarlyAudio:
     stages: whose worker decodes.
     job: the sentence (phonemized).
     tokens_needed: tokens of the first window.
+    wanted: asked before each window is decoded; once False, no more windows are (the sentence is decoded whole,
+        or its rest after what went out, by :meth:`Stages.vocode`). None: always wanted.
     """
 
-    def __init__(self, stages: Stages, job: SentenceJob, tokens_needed: int) -> None:
+    def __init__(self, stages: Stages, job: SentenceJob, tokens_needed: int,
+                 wanted: Callable[[], bool] | None = None) -> None:
         self.stages = stages
         self.job = job
         self.tokens_needed = tokens_needed
+        self.wanted = wanted
         self._seen: list[np.ndarray] = []
         self._count = 0  # tokens fed so far
         self._more = asyncio.Event()  # tokens came, or the feed closed
@@ -380,6 +385,8 @@ class EarlyAudio:
                         return
                     self._more.clear()
                     await self._more.wait()
+                if self.wanted is not None and not self.wanted():
+                    return
                 await self._window(np.concatenate(self._seen)[:end])
                 end *= 2
         except asyncio.CancelledError:

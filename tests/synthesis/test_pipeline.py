@@ -80,6 +80,10 @@ async def collect(synth, text, voice, params=SEEDED):
     return [c async for c in synth.stream(text, voice, params)]
 
 
+TWO_LONG = ("This first sentence is long enough to need many semantic tokens from the model.",
+            "Another request speaks a sentence that is just as long, with many tokens of its own.")
+
+
 def by_sentence(chunks):
     """Each sentence's audio (an early first chunk joined to the rest of its sentence)."""
     out: dict[int, np.ndarray] = {}
@@ -225,19 +229,53 @@ async def test_a_prosody_hit_vocodes_the_first_window_first(synth, voice):
 
 async def test_first_words_come_early_only_while_no_other_request_speaks(synth, voice):
     """Alone, a first sentence's first words come early; beside another request they come with the rest of their
-    sentence (beside another stream the rest could not follow them in time), the same samples one chunk later."""
+    sentence (beside another stream the rest could not follow them in time). With a seed, its windows are decoded
+    all the same: the same samples one chunk later, whatever the load."""
     synth.limits = dataclasses.replace(synth.limits, first_chunk_tokens=12)
-    texts = ["This first sentence is long enough to need many semantic tokens from the model.",
-             "Another request speaks a sentence that is just as long, with many tokens of its own."]
-    alone = [await collect(synth, t, voice) for t in texts]
+    alone = [await collect(synth, t, voice) for t in TWO_LONG]
     assert all(chunks[0].timings.get("partial") == 1.0 for chunks in alone)
     synth.cache.invalidate_voice(voice.id)
-    together = await asyncio.gather(*(collect(synth, t, voice) for t in texts))
+    together = await asyncio.gather(*(collect(synth, t, voice) for t in TWO_LONG))
     assert all(c.timings.get("partial") is None for chunks in together for c in chunks)
     for a, b in zip(alone, together):
         partials = sum(1 for c in a if c.timings.get("partial"))
         assert partials >= 1 and len(b) == len(a) - partials  # the early words and the rest of their sentence: one chunk
         assert np.array_equal(np.concatenate([c.audio for c in a]), np.concatenate([c.audio for c in b]))
+
+
+async def test_without_a_seed_no_window_is_decoded_beside_another_request(spied, voice):
+    """Without a seed (random samples anyway), a first sentence beside another request that has not started is
+    decoded once, whole: its windows would be held back, and decoding them cost the device."""
+    synth = spied
+    synth.limits = dataclasses.replace(synth.limits, first_chunk_tokens=12)
+    unseeded = dataclasses.replace(SEEDED, seed=-1)
+    alone = await collect(synth, TWO_LONG[0], voice, unseeded)
+    assert alone[0].timings.get("partial") == 1.0
+    synth.cache.invalidate_voice(voice.id)  # (a random sample is stored and would be served again)
+    synth.engine.events.clear()
+    together = await asyncio.gather(*(collect(synth, t, voice, unseeded) for t in TWO_LONG))
+    assert all(c.timings.get("partial") is None for chunks in together for c in chunks)
+    sentences = sum(len({c.index for c in chunks}) for chunks in together)
+    assert synth.engine.events.count("decode") == sentences  # each sentence decoded once: no window
+
+
+async def test_a_request_already_speaking_keeps_its_early_words(synth, voice):
+    """A request whose first words went out goes on sending its windows when another request comes: held back,
+    they would only leave its listener without audio for longer."""
+    synth.limits = dataclasses.replace(synth.limits, first_chunk_tokens=12)
+    first, other = TWO_LONG
+    alone = await collect(synth, first, voice)
+    partials = sum(1 for c in alone if c.timings.get("partial"))
+    assert partials >= 2  # (a first window, and more)
+    synth.cache.invalidate_voice(voice.id)
+    chunks, late = [], None
+    async for c in synth.stream(first, voice, SEEDED):
+        chunks.append(c)
+        if late is None:
+            late = asyncio.ensure_future(collect(synth, other, voice))  # admitted now, while the first speaks
+    assert late is not None and len(await late) >= 1
+    assert [c.timings.get("partial") for c in chunks] == [c.timings.get("partial") for c in alone]
+    assert np.array_equal(np.concatenate([c.audio for c in chunks]), np.concatenate([c.audio for c in alone]))
 
 
 @pytest.fixture

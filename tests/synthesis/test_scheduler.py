@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engines.base import EngineError, SamplingParams, SemanticRequest, VoicePrompt
-from synthesis.scheduler import BACKGROUND, LIVE, Deadline, DeviceWorker, WorkerClosed
+from synthesis.scheduler import BACKGROUND, LIVE, LOW_BUFFER_S, Deadline, DeviceWorker, Playback, WorkerClosed
 from synthesis.types import DeadlineError
 
 HANG_GUARD_S = 300  # only against a hang: a job that never ends fails the test instead of blocking the run
@@ -234,3 +234,59 @@ async def test_live_work_of_earlier_requests_goes_first(tiny_engine):
     finally:
         worker.close()
     assert ran == ["r1s1", "r1s3", "r2s0", "bg"]
+
+
+async def test_a_request_running_out_of_audio_goes_first(tiny_engine):
+    """A speaking request with less than LOW_BUFFER_S of audio left to play goes before everything else of its
+    priority class, also before work somebody waits for and before requests admitted earlier."""
+    now = [100.0]
+    worker = DeviceWorker(tiny_engine, overlap=False, clock=lambda: now[0])
+    low, plenty = Playback(), Playback()
+    low.runs_out, plenty.runs_out = now[0] + LOW_BUFFER_S / 2, now[0] + 10 * LOW_BUFFER_S
+    opener = Deadline(60.0, opens=True)
+    opener.start(now[0])  # somebody waits for a first sentence
+    ran: list[str] = []
+    try:
+        gate = threading.Event()
+        blocker = asyncio.ensure_future(worker.call(lambda: gate.wait(HANG_GUARD_S)))
+        await asyncio.sleep(0.05)
+        jobs = [asyncio.ensure_future(worker.call(lambda n=n: ran.append(n), deadline=d, order=order))
+                for n, d, order in [("ahead, plenty left", Deadline(60.0, playback=plenty), (0, 2)),
+                                    ("first sentence", opener, (1, 0)),
+                                    ("ahead, running out", Deadline(60.0, playback=low), (2, 1))]]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.gather(blocker, *jobs)
+    finally:
+        worker.close()
+    assert ran == ["ahead, running out", "first sentence", "ahead, plenty left"]
+
+
+@pytest.mark.parametrize("running_out", [False, True])
+async def test_a_waited_for_call_interleaves_unless_the_gpt_keeps_speech_going(tiny_engine, running_out):
+    """On one device thread a call somebody waits for runs after the next GPT step even when the GPT's work is more
+    urgent; not when that GPT work is for a request about to run out of audio and the call is not."""
+    now = [100.0]
+    worker = DeviceWorker(tiny_engine, overlap=False, clock=lambda: now[0])
+    playback = Playback()
+    playback.runs_out = now[0] + (LOW_BUFFER_S / 2 if running_out else math.inf)
+    speaking = Deadline(60.0, playback=playback)
+    speaking.start(now[0])
+    opener = Deadline(60.0, opens=True)
+    opener.start(now[0])
+    steps_at_call: list[int] = []
+    try:
+        gate = threading.Event()
+        blocker = asyncio.ensure_future(worker.call(lambda: gate.wait(HANG_GUARD_S)))
+        await asyncio.sleep(0.05)
+        gpt = asyncio.ensure_future(worker.semantic(_request(12, seed=5, steps=40), deadline=speaking, order=(0, 1)))
+        call = asyncio.ensure_future(worker.call(lambda: steps_at_call.append(worker.gpt_steps), deadline=opener,
+                                                 order=(1, 0)))
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.gather(blocker, gpt, call)
+    finally:
+        worker.close()
+    tokens, _ = gpt.result()
+    assert worker.gpt_steps >= 3  # (a decode of several steps, so the two cases differ)
+    assert steps_at_call == ([worker.gpt_steps] if running_out else [1])
