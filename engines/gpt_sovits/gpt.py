@@ -475,10 +475,8 @@ class Text2SemanticModel(nn.Module):
         # True = may attend: every row sees all text; audio rows also see audio causally; text never sees audio.
         allowed = torch.ones(s, s, dtype=torch.bool, device=dev).tril_()
         allowed[:, :tx] = True
-        # on a CPU the text rows and the audio rows apart, the audio rows' mask made once, as an additive bias (see
-        # _prefill_attention)
-        split = None if dev.type != "cpu" else (tx, torch.zeros(tp, s, dtype=self.compute_dtype).masked_fill_(
-            ~allowed[tx:], float("-inf")) if tp else None)
+        # on a CPU the text rows and the audio rows apart, the audio rows' mask made once (see _prefill_attention)
+        split = None if dev.type != "cpu" else _prefill_split(allowed, tx, self.compute_dtype)
         h = x  # [1, S, D] fp32 residual stream
         n_layers = len(self.h.layers)
         threads = torch.get_num_threads()
@@ -582,6 +580,15 @@ class Text2SemanticModel(nn.Module):
             self._view_cache[key] = [t for c in self.kv
                                      for t in (c.view(-1, hd), *_kv_layout(c[0, :b], c[1, :b], kv_len, bmm))]
         return self._view_cache[key]
+
+
+def _prefill_split(allowed: torch.Tensor, tx: int, dtype: torch.dtype) -> tuple[int, torch.Tensor | None]:
+    """:func:`_prefill_attention`'s ``split`` for the prefill mask ``allowed [S, S]`` of ``tx`` text positions: ``tx``
+    and the audio rows of ``allowed`` as an additive bias ``[S - tx, S]`` of zeros and -inf (None without audio rows)."""
+    if allowed.shape[0] == tx:
+        return tx, None
+    return tx, torch.zeros(allowed.shape[0] - tx, allowed.shape[1], dtype=dtype).masked_fill_(
+        ~allowed[tx:], float("-inf"))
 
 
 def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,

@@ -400,15 +400,14 @@ def test_prefill_attention_text_and_audio_rows_apart_equal_the_masked_whole(tx: 
     """On a CPU the prefill attends text rows and audio rows apart: the same as one masked attention over all rows
     (text sees all text and no audio; audio sees all text and the audio up to itself), also for the last row alone
     (the last layer) and without audio rows (reference-free)."""
-    from engines.gpt_sovits.gpt import _prefill_attention  # pyright: ignore[reportPrivateUsage]
+    from engines.gpt_sovits.gpt import _prefill_attention, _prefill_split  # pyright: ignore[reportPrivateUsage]
 
     torch.manual_seed(tx * 100 + tp)
     s = tx + tp
     q, k, v = (torch.randn(4, s, 8) for _ in range(3))
     allowed = torch.ones(s, s, dtype=torch.bool).tril_()
     allowed[:, :tx] = True
-    audio_bias = torch.zeros(tp, s).masked_fill_(~allowed[tx:], float("-inf"))
-    split = (tx, audio_bias if tp else None)
+    split = _prefill_split(allowed, tx, torch.float32)  # the model's own split of this mask
     whole = _prefill_attention(q, k, v, allowed)  # (no split: one masked attention)
     assert torch.allclose(_prefill_attention(q, k, v, allowed, split), whole, atol=1e-6)
     last = _prefill_attention(q[:, -1:], k, v, allowed[-1:], split)
