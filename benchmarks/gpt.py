@@ -571,6 +571,9 @@ class PipelineRow:
     default: bool = False
     vocoder: str = "fp32"  # the vocoder's precision that ran (engine.vocoder_precision resolved)
     bert: str = "-"  # the Chinese BERT's precision that ran (cold-zh; int8 where its proof held), else "-"
+    # the process's peak memory in MiB after this case (RSS high-water mark on a CPU): the models of a bot that has
+    # spoken English and Chinese (the BERT loads before the first case), its caches, and any first-run proof
+    peak_mem_mb: float | None = None
 
 
 PIPELINE_TEXT = ("The weather is lovely this morning. We could walk to the river after lunch. "
@@ -637,7 +640,8 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
             total = time.perf_counter() - t0
             bert = getattr(encoders, "bert_precision", "fp32") if p is zh else "-"
             rows.append(PipelineRow(precision, size, case, ttfa or 0.0, total / (audio / 32000), audio / 32000,
-                                    backend, vocoder=getattr(synth.engine, "vocoder_precision", "fp32"), bert=bert))
+                                    backend, vocoder=getattr(synth.engine, "vocoder_precision", "fp32"), bert=bert,
+                                    peak_mem_mb=_peak_mem_mb(device)))
         await synth.voicing.delete(voice.id)
     finally:
         await synth.close()
@@ -668,12 +672,13 @@ def natural_pace(engine: Any, tokens_per_phone: int) -> None:
 
 def format_pipeline_table(rows: list[PipelineRow]) -> str:
     head = f"{'backend':7} {'prec':5} {'voc':5} {'bert':5} {'size':5} {'case':12} {'ttfa s':>8} {'RTF':>7} " \
-           f"{'audio s':>8} {'contend':>7}"
+           f"{'audio s':>8} {'peak MB':>8} {'contend':>7}"
     lines = [f"Synthesizer.stream, 3 sentences ({len(PIPELINE_TEXT.split())} words, {TOKENS_PER_PHONE} semantic tokens "
              f"per phone); * = what auto picks here:",
              head, "-" * len(head)]
     lines += [f"{r.backend:7} {r.precision:5} {r.vocoder:5} {r.bert:5} {r.size:5} {r.case:12} {r.ttfa_s:8.3f} "
-              f"{r.rtf:7.3f} {r.audio_s:8.2f} {r.contend:7d}{' *' if r.default else ''}" for r in rows]
+              f"{r.rtf:7.3f} {r.audio_s:8.2f} {r.peak_mem_mb or 0:8.0f} {r.contend:7d}{' *' if r.default else ''}"
+              for r in rows]
     return "\n".join(lines)
 
 

@@ -14,19 +14,26 @@ def dynamic_int8(module: M, keep: Callable[[str], bool] | None = None) -> M:
     """A copy of ``module`` (on the CPU) with its linear layers in torch's dynamic int8: int8 weights per output
     channel, activations rounded to uint8 per call, fbgemm's kernels (what the GPT runs without the fused step, and
     the int8 BERT); the linears whose qualified name ``keep`` accepts stay fp32."""
+    import copy
     import warnings
 
     import torch
     from torch.ao.quantization.qconfig import per_channel_dynamic_qconfig
 
     modules: list[tuple[str, torch.nn.Module]] = list(module.named_modules())  # pyright: ignore[reportUnknownArgumentType]
-    spec: dict[str, Any] = {name: per_channel_dynamic_qconfig for name, m in modules
-                            if isinstance(m, torch.nn.Linear) and not (keep is not None and keep(name))}
+    swapped = [(name, m) for name, m in modules
+               if isinstance(m, torch.nn.Linear) and not (keep is not None and keep(name))]
+    spec: dict[str, Any] = {name: per_channel_dynamic_qconfig for name, _ in swapped}
+    # The copy shares the fp32 weights of the linears it swaps instead of copying them first (quantize_dynamic's own
+    # copy does): they are read once to quantise and dropped, and the process never holds two fp32 models (real-size
+    # BERT: 1.1 GB of them). ``module`` itself is not changed.
+    memo: dict[int, Any] = {id(p): p for _, m in swapped for p in m.parameters(recurse=False)}
+    copied = copy.deepcopy(module, memo)
     with warnings.catch_warnings():  # torch marks eager quantisation deprecated in favour of torchao
         warnings.simplefilter("ignore")
         # deprecated as said above, and its signature is untyped; the copy has the module's own class
         return torch.ao.quantization.quantize_dynamic(  # pyright: ignore[reportDeprecated, reportUnknownMemberType, reportUnknownVariableType]
-            module, spec, dtype=torch.qint8)
+            copied, spec, dtype=torch.qint8, inplace=True)
 
 
 def ieee_fp32_on_cuda(device: Any) -> None:

@@ -39,6 +39,7 @@ from torch import nn
 from engines.base import BERT_DIM, EOS_TOKEN, ModelFormatError
 from engines.gpt_sovits import cpu_step, dynamic_int8, ieee_fp32_on_cuda
 from engines.gpt_sovits.checkpoint import GptCheckpoint
+from engines.runtime import lazy_zeros
 
 log = logging.getLogger(__name__)
 
@@ -320,10 +321,11 @@ class Text2SemanticModel(nn.Module):
         max_slots, max_len = max(max_slots, self.max_slots), max(max_len, self.max_len)
         cfg, dev = self.config, self.pe.device
         self.kv = []  # free the old buffers before allocating the new ones
-        self.kv = [
-            torch.zeros(2, max_slots, cfg.heads, max_len, cfg.head_dim, dtype=self.cache_dtype, device=dev)
-            for _ in range(cfg.layers)
-        ]
+        shape = (2, max_slots, cfg.heads, max_len, cfg.head_dim)
+        # on a CPU the pages are committed as positions are written: the cache is sized for engine.max_batch rows of
+        # the longest context (805 MB in bf16 at the real size), of which one stream writes a few hundred positions
+        self.kv = [lazy_zeros(shape, self.cache_dtype) if dev.type == "cpu"
+                   else torch.zeros(shape, dtype=self.cache_dtype, device=dev) for _ in range(cfg.layers)]
         self.text_len = torch.zeros(max_slots, dtype=torch.long, device=dev)
         self._rows = torch.arange(max_slots, device=dev)
         self._cols = torch.arange(max_len, device=dev)

@@ -85,6 +85,9 @@ def test_bench_tiny_every_engine_table_and_json(tmp_path: Path, capsys: pytest.C
         assert pipeline[(p, "cold")]["audio_s"] > 1.0 and pipeline[(p, "cold-zh")]["audio_s"] > 1.0  # three sentences
         # the two hits run the same (faster) parameters, so the audio hit replays exactly what the prosody hit made
         assert pipeline[(p, "audio-hit")]["audio_s"] == pipeline[(p, "prosody-hit")]["audio_s"]
+        # the process's high-water mark: torch and the models alone are past 100 MiB; it never goes down
+        peaks = [pipeline[(p, c)]["peak_mem_mb"] for c in cases]
+        assert peaks[0] > 100 and peaks == sorted(peaks), peaks
     table = capsys.readouterr().out
     assert "x naive" in table and "1.00x" in table and "Synthesizer.stream" in table and "x floor" in table
     assert "CPU: " in table and "memory read" in table and "teacher-forced" in table

@@ -43,7 +43,12 @@ def bert(bert_dir: Path) -> BertFeaturizer:
 
 
 def test_the_int8_bert_has_int8_linears_and_features_close_to_fp32(bert: BertFeaturizer) -> None:
+    weights = {n: p.detach().clone() for n, p in bert.model.named_parameters()}
     int8 = B.int8_bert(bert)
+    # made without copying the fp32 linears first (they are read where they are), and the fp32 BERT keeps every
+    # weight as it was
+    assert {n: p for n, p in bert.model.named_parameters()}.keys() == weights.keys()
+    assert all(torch.equal(p, weights[n]) for n, p in bert.model.named_parameters())
     linears = [m for m in int8.model.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
     assert linears and not any(isinstance(m, torch.nn.Linear) and not isinstance(
         m, torch.ao.nn.quantized.dynamic.Linear) for m in int8.model.modules())

@@ -1,0 +1,71 @@
+"""Host memory: a large KV cache costs what is written into it, and freed heap memory goes back to the OS."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import pytest
+import torch
+
+from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
+from engines.gpt_sovits.gpt import Text2SemanticModel
+from engines.runtime import lazy_zeros, release_freed_memory
+from tests.golden import Golden
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/statm").is_file(), reason="reads Linux's /proc/self/statm")
+
+MB = 2**20
+
+
+def _resident() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_lazy_zeros_are_zeros_that_cost_only_the_pages_written() -> None:
+    before = _resident()
+    t = lazy_zeros((4, 16, 2048, 1024), torch.bfloat16)  # 256 MiB
+    assert t.shape == (4, 16, 2048, 1024) and t.dtype == torch.bfloat16 and t.is_contiguous()
+    assert t.data_ptr() % 4096 == 0
+    assert all(float(t[i].abs().sum()) == 0.0 for i in range(4))  # read through: zeros, and nothing committed
+    t[1, 3, :8] = 2.5  # 8 rows of 2 KiB: a few pages
+    assert float(t.float()[1, 3, :8].mean()) == 2.5 and float(t[1, 3, 8:].abs().sum()) == 0.0
+    grown = _resident() - before
+    assert grown < 64 * MB, grown / MB
+    del t
+    # what it replaces: torch.zeros commits every page at once
+    z = torch.zeros((4, 16, 2048, 1024), dtype=torch.bfloat16)
+    assert _resident() - before > 200 * MB
+    del z
+
+
+def test_the_cpu_kv_cache_commits_only_the_positions_decoded(golden: Golden) -> None:
+    gpt = Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(golden.gpt_path))
+    cfg = gpt.config
+    slots, length = 64, 8192
+    size = cfg.layers * 2 * slots * cfg.heads * length * cfg.head_dim * gpt.cache_dtype.itemsize
+    assert size > 500 * MB, size / MB  # a cache of engine.max_batch rows of the longest context, tiny model or not
+    before = _resident()
+    with torch.inference_mode():
+        gpt.setup_caches(slots, length)
+        phones = torch.as_tensor(golden.phones)
+        logits = gpt.prefill(0, phones, torch.as_tensor(golden.bert), torch.as_tensor(golden.prompt_tokens))
+    assert torch.isfinite(logits).all()
+    assert all(float(kv.abs().sum()) > 0 for kv in gpt.kv)  # the prefill wrote every layer
+    grown = _resident() - before
+    assert grown < 0.1 * size, (grown / MB, size / MB)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc_trim")
+def test_freed_heap_memory_goes_back_to_the_os() -> None:
+    # 256 MiB in 64 KiB pieces (below glibc's mmap threshold: the heap), each followed by a small piece that stays:
+    # freed, the large pieces cannot merge into the heap's top, so free() alone returns none of them
+    pairs = [(bytearray(64 * 1024), bytearray(600)) for _ in range(4096)]
+    kept = [small for _, small in pairs]
+    del pairs
+    before = _resident()
+    freed = release_freed_memory()
+    after = _resident()
+    assert before - after > 128 * MB and freed > 128 * MB, ((before - after) / MB, freed / MB)
+    assert len(kept) == 4096
