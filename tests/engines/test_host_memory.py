@@ -1,16 +1,20 @@
-"""Host memory: a large KV cache costs what is written into it, and freed heap memory goes back to the OS."""
+"""Host memory: a large KV cache costs what is written into it, freed heap memory goes back to the OS, and HuBERT
+is unloaded while no voice is being made."""
 
 from __future__ import annotations
 
 import os
 import platform
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from engines.encoders import LazyEncoders
 from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
 from engines.gpt_sovits.gpt import Text2SemanticModel
+from engines.gpt_sovits.tiny import MODEL_SET_LAYOUT
 from engines.runtime import lazy_zeros, release_freed_memory
 from tests.golden import Golden
 
@@ -69,3 +73,19 @@ def test_freed_heap_memory_goes_back_to_the_os() -> None:
     after = _resident()
     assert before - after > 128 * MB and freed > 128 * MB, ((before - after) / MB, freed / MB)
     assert len(kept) == 4096
+
+
+def test_hubert_is_unloaded_when_idle_and_loaded_again_when_a_voice_is_made(tiny_models: Path) -> None:
+    encoders = LazyEncoders(tiny_models / MODEL_SET_LAYOUT["hubert"], None, "cpu", torch.float32)
+    encoders.hubert_idle_s = 0.5
+    wav = torch.zeros(1, 16000)
+    first = encoders.hubert()
+    for _ in range(4):  # used every 0.25 s: stays
+        time.sleep(0.25)
+        assert encoders.hubert() is first
+    deadline = time.monotonic() + 10
+    while encoders.hubert_loaded and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not encoders.hubert_loaded  # idle past hubert_idle_s: unloaded
+    assert first.encode(wav).shape == encoders.hubert().encode(wav).shape  # the old reference still works; reloaded
+    assert encoders.hubert_loaded and encoders.hubert() is not first
