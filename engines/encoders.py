@@ -44,6 +44,8 @@ class LazyEncoders:
         self._device, self._dtype = device, dtype
         # the GPT checkpoint an int8 BERT must prove itself on (engines.bert_int8): set by the int8 engines on a CPU
         self.int8_bert_for: Path | None = None
+        # where the proof's outcome is kept across restarts (engines.bert_int8.keep_proof), or None: proven each start
+        self.int8_bert_store: Path | None = None
         self._hubert: HubertEncoder | None = None
         self._bert: BertFeaturizer | None = None
         self._lock = threading.Lock()
@@ -103,9 +105,17 @@ class LazyEncoders:
             if self._bert is None:
                 from engines.gpt_sovits.bert import BertFeaturizer
 
+                kept = self._kept_proof()
+                if kept is not None and kept[0] is not None:  # proven before: the int8 BERT alone is loaded
+                    self._bert, self.bert_precision, self.bert_int8_error = kept[0], "int8", kept[1]
+                    log.info("int8 BERT as proven before on this model pair (the GPT's logits within %.3f of the "
+                             "fp32 BERT's), kept in %s", kept[1], self.int8_bert_store)
+                    return self._bert
                 self._bert = BertFeaturizer.from_folder(self._path("bert"), self._device, self._dtype)
                 release_freed_memory()  # (loading's own buffers: 0.3 GB at the real size)
-                if self.int8_bert_for is not None:
+                if kept is not None:  # proven before to miss the bound: the fp32 BERT stays, no proof again
+                    self.bert_int8_error = kept[1]
+                elif self.int8_bert_for is not None:
                     # the fp32 BERT serves at once; the int8 one replaces it when it has proven itself (quantising
                     # it and the proof take seconds of one core: the first Chinese sentence does not wait for them)
                     self.bert_proof = threading.Thread(target=self._prove_int8_bert, name="voicebot-bert-int8",
@@ -149,6 +159,22 @@ class LazyEncoders:
         if proven is not bert:
             with self._lock:
                 self._bert, self.bert_precision = proven, "int8"
+        if self.int8_bert_store is not None:
+            from engines.bert_int8 import keep_proof, proof_key
+
+            try:
+                keep_proof(self.int8_bert_store, proof_key(self._path("bert")), None if proven is bert else proven,
+                           self.bert_int8_error)
+            except OSError as e:  # (a full or read-only disk: the next start proves it again)
+                log.warning("the int8 BERT's proof could not be kept in %s (%s)", self.int8_bert_store, e)
+
+    def _kept_proof(self) -> tuple[BertFeaturizer | None, float] | None:
+        """(Under the lock) the outcome of a proof kept for this BERT (:func:`engines.bert_int8.kept_proof`)."""
+        if self.int8_bert_for is None or self.int8_bert_store is None:
+            return None
+        from engines.bert_int8 import kept_proof, proof_key
+
+        return kept_proof(self.int8_bert_store, proof_key(self._path("bert")), self._path("bert"))
 
     def _path(self, name: str) -> Path:
         path = self._paths[name]

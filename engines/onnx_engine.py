@@ -170,4 +170,5 @@ class OnnxEngine(GraphEngine):
         engine.vocoder_precision = vocoder
         if precision == "int8":  # (a CPU path) the Chinese BERT in int8 too, where it proves itself on this GPT
             engine.encoders.int8_bert_for = Path(models.gpt)
+            engine.encoders.int8_bert_store = folder / "bert_int8"  # (the folder is this GPT's: kept per model pair)
         return engine

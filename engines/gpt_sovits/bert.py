@@ -54,17 +54,36 @@ class BertFeaturizer:
         EngineError
             the folder is missing or incomplete, or the model is not 1024 wide with at least 2 layers.
         """
+        return cls._load(path, device, dtype, weights=True)
+
+    @classmethod
+    def skeleton(cls, path: str | os.PathLike[str]) -> BertFeaturizer:
+        """The folder's tokenizer and its truncated ``BertModel`` (CPU, fp32) without reading its weights: the
+        parameters are left uninitialised (no memory is committed until they are written), for weights kept elsewhere
+        (:mod:`engines.bert_int8`'s kept int8 BERT). Raises as :meth:`from_folder`."""
+        return cls._load(path, "cpu", torch.float32, weights=False)
+
+    @classmethod
+    def _load(cls, path: str | os.PathLike[str], device: str | torch.device, dtype: torch.dtype,
+              weights: bool) -> BertFeaturizer:
         folder = Path(path)
         if not (folder / "config.json").is_file():
             raise EngineError(f"BERT model folder {folder} is missing or has no config.json; {DOWNLOAD_HINT}.")
-        from transformers import AutoModelForMaskedLM, AutoTokenizer  # imported here: slow to import
+        from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer  # imported here: slow to import
 
         # (the Auto classes' from_pretrained is untyped: the tokenizer and the BertModel are used as Any)
         try:
             tokenizer = cast(Any, AutoTokenizer.from_pretrained(  # pyright: ignore[reportUnknownMemberType]
                 str(folder), local_files_only=True))
-            model = cast(Any, AutoModelForMaskedLM.from_pretrained(  # pyright: ignore[reportUnknownMemberType]
-                str(folder), local_files_only=True, dtype=dtype)).base_model
+            if weights:
+                model = cast(Any, AutoModelForMaskedLM.from_pretrained(  # pyright: ignore[reportUnknownMemberType]
+                    str(folder), local_files_only=True, dtype=dtype)).base_model
+            else:
+                config = cast(Any, AutoConfig.from_pretrained(  # pyright: ignore[reportUnknownMemberType]
+                    str(folder), local_files_only=True))
+                with _no_init_weights():  # (in the dtype asked: a conversion would write every page)
+                    model = cast(Any, AutoModelForMaskedLM.from_config(  # pyright: ignore[reportUnknownMemberType]
+                        config, dtype=dtype)).base_model
         except (OSError, ValueError, RuntimeError) as e:
             raise EngineError(f"BERT model in {folder} cannot be loaded ({e}); {DOWNLOAD_HINT}.") from e
         n_layers = len(model.encoder.layer)
@@ -76,7 +95,9 @@ class BertFeaturizer:
         # hidden_states[-3] of the full model == the output after the first n_layers - 2 layers
         model.encoder.layer = model.encoder.layer[: n_layers - (HIDDEN_STATE_FROM_END - 1)]
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-        log.info("BERT loaded from %s (%d of %d layers used, %s %s)", folder, n_layers - 2, n_layers, device, dtype)
+        if weights:
+            log.info("BERT loaded from %s (%d of %d layers used, %s %s)", folder, n_layers - 2, n_layers, device,
+                     dtype)
         return cls(tokenizer, model)
 
     def features(self, norm_text: str, word2ph: Sequence[int]) -> np.ndarray:
@@ -115,3 +136,12 @@ class BertFeaturizer:
             hidden = out.last_hidden_state[0, 1:-1].float()  # [chars, 1024]
             per_phone = torch.repeat_interleave(hidden, counts.to(hidden.device), dim=0)  # [phones, 1024]
         return per_phone.t().contiguous().cpu().numpy()
+
+
+def _no_init_weights() -> Any:
+    """transformers' context that skips the random initialisation of new models' weights (moved between versions)."""
+    try:
+        from transformers.initialization import no_init_weights  # pyright: ignore[reportMissingImports, reportUnknownVariableType]
+    except ImportError:  # transformers 4
+        from transformers.modeling_utils import no_init_weights  # pyright: ignore[reportUnknownVariableType, reportAttributeAccessIssue]
+    return no_init_weights()  # pyright: ignore[reportUnknownVariableType]

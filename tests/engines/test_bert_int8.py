@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +130,70 @@ def test_the_int8_engines_ask_for_the_int8_bert(models, tmp_path: Path) -> None:
     int8 = OnnxEngine.from_files(models, tmp_path / "onnx", precision="int8")
     fp32 = OnnxEngine.from_files(models, tmp_path / "onnx", precision="fp32")
     assert int8.encoders.int8_bert_for == Path(models.gpt) and fp32.encoders.int8_bert_for is None
+
+
+def _encoders(models, bert_dir: Path, store: Path) -> LazyEncoders:
+    encoders = LazyEncoders(None, bert_dir, "cpu", torch.float32)
+    encoders.int8_bert_for, encoders.int8_bert_store = Path(models.gpt), store
+    return encoders
+
+
+def test_a_kept_proof_loads_the_int8_bert_at_the_next_start_without_the_fp32_one(models, bert_dir: Path,
+                                                                                 tmp_path: Path, monkeypatch,
+                                                                                 caplog) -> None:
+    monkeypatch.setattr(B, "MAX_LOGIT_ERROR", 10.0)
+    store = tmp_path / "export" / "bert_int8"
+    first = _encoders(models, bert_dir, store)
+    first.bert()
+    assert first.bert_proof is not None
+    first.bert_proof.join(120)
+    proven = first.bert()
+    assert first.bert_precision == "int8"
+    assert store.with_suffix(".pt").is_file() and store.with_suffix(".json").is_file()
+
+    def load_fp32(*_a, **_k):
+        raise AssertionError("the fp32 BERT was read")
+
+    with monkeypatch.context() as m:  # the next start: the kept int8 BERT at once, no fp32 BERT, no proof
+        m.setattr(BertFeaturizer, "from_folder", load_fp32)
+        again = _encoders(models, bert_dir, store)
+        bert = again.bert()
+    assert again.bert_proof is None and again.bert_precision == "int8"
+    assert again.bert_int8_error == first.bert_int8_error
+    assert _dynamic(bert) == _dynamic(proven)
+    word2ph = [2] * len(TEXT)
+    assert np.array_equal(bert.features(TEXT, word2ph), proven.features(TEXT, word2ph))  # the same weights, exactly
+
+    damaged_file = tmp_path / "damaged.pt"  # a damaged file (put in place whole: the kept one is mapped above)
+    damaged_file.write_bytes(store.with_suffix(".pt").read_bytes()[:1000])
+    os.replace(damaged_file, store.with_suffix(".pt"))
+    with caplog.at_level(logging.WARNING, logger="engines.bert_int8"):
+        damaged = _encoders(models, bert_dir, store)
+        damaged.bert()
+    assert "cannot be used" in caplog.text and damaged.bert_proof is not None
+    damaged.bert_proof.join(120)
+    assert damaged.bert_precision == "int8"
+    fresh = _encoders(models, bert_dir, store)
+    fresh.bert()
+    assert fresh.bert_proof is None and fresh.bert_precision == "int8"  # the damaged one was kept anew
+
+    config = bert_dir / "config.json"
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))  # the BERT changed
+    changed = _encoders(models, bert_dir, store)
+    changed.bert()
+    assert changed.bert_proof is not None  # proven again
+    changed.bert_proof.join(120)
+
+
+def test_a_kept_miss_keeps_the_fp32_bert_without_proving_again(models, bert_dir: Path, tmp_path: Path,
+                                                                monkeypatch) -> None:
+    monkeypatch.setattr(B, "MAX_LOGIT_ERROR", 1e-9)  # nothing holds
+    store = tmp_path / "bert_int8"
+    first = _encoders(models, bert_dir, store)
+    fp32 = first.bert()
+    assert first.bert_proof is not None
+    first.bert_proof.join(120)
+    assert first.bert() is fp32 and first.bert_precision == "fp32" and not store.with_suffix(".pt").exists()
+    again = _encoders(models, bert_dir, store)
+    assert again.bert() is not None and again.bert_proof is None and again.bert_precision == "fp32"
+    assert again.bert_int8_error == first.bert_int8_error and again.bert_int8_error > 1e-9
