@@ -6,8 +6,6 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-import time
-import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -17,7 +15,7 @@ import torch
 from engines.base import EngineError
 from engines.gpt_sovits.sovits import mean_style
 from engines.gpt_sovits.spectrogram import reference_spec_input
-from engines.runtime import release_freed_memory
+from engines.runtime import IdleUnloaded, release_freed_memory
 
 if TYPE_CHECKING:
     from engines.gpt_sovits.bert import BertFeaturizer
@@ -27,16 +25,14 @@ log = logging.getLogger(__name__)
 
 # how long an exiting process waits for the int8 BERT's proof to stop (its longest part: 4.6 s at the real size)
 PROOF_JOIN_S = 10.0
-# HuBERT runs only when a voice is made: unused this long, it is unloaded (real size: 0.36 GB resident of a serving
-# process's 1.4 GB; loading it again takes 1-3 s, paid by the next voice made)
-HUBERT_IDLE_S = 600.0
 
 
 class LazyEncoders:
     """The reference encoder (HuBERT) and the Chinese text encoder (BERT), each loaded the first time it is used.
 
     Voices are prepared once and most text is not Chinese, so neither needs to cost start-up time or memory; HuBERT
-    is unloaded again after :data:`HUBERT_IDLE_S` without use (``hubert_idle_s``).
+    is unloaded again after :data:`engines.runtime.IDLE_UNLOAD_S` without use (``hubert_model``; real size: 0.36 GiB
+    resident of a serving process's 1.4 GiB, loaded again in 1-3 s for the next voice made).
     """
 
     def __init__(self, hubert_path: Path | None, bert_path: Path | None, device: str, dtype: torch.dtype) -> None:
@@ -46,59 +42,23 @@ class LazyEncoders:
         self.int8_bert_for: Path | None = None
         # where the proof's outcome is kept across restarts (engines.bert_int8.keep_proof), or None: proven each start
         self.int8_bert_store: Path | None = None
-        self._hubert: HubertEncoder | None = None
         self._bert: BertFeaturizer | None = None
         self._lock = threading.Lock()
         self.bert_precision = "fp32"  # what runs: int8 once its proof held (engines.bert_int8)
         self.bert_int8_error: float | None = None  # the proof's measured logit error
         self.bert_proof: threading.Thread | None = None  # the proof, running beside the fp32 BERT until it ends
         self._stop_proof = threading.Event()
-        self.hubert_idle_s = HUBERT_IDLE_S
-        self._hubert_used = 0.0  # time.monotonic() of the last hubert() call
-        self._hubert_timer: threading.Timer | None = None
+        self.hubert_model: IdleUnloaded[HubertEncoder] = IdleUnloaded(self._load_hubert, "HuBERT")
 
     def hubert(self) -> HubertEncoder:
-        """HuBERT, loaded if it is not (the caller's reference stays valid if it is unloaded meanwhile)."""
-        with self._lock:
-            if self._hubert is None:
-                from engines.gpt_sovits.ssl import HubertEncoder
+        """HuBERT, loaded if it is not (unloaded after ``hubert_model.idle_s`` unused: it runs only when a voice is
+        made)."""
+        return self.hubert_model.get()
 
-                self._hubert = HubertEncoder.from_folder(self._path("hubert"), self._device, self._dtype)
-                release_freed_memory()  # (loading's own buffers)
-            self._hubert_used = time.monotonic()
-            if self._hubert_timer is None:
-                self._unload_idle_hubert_in(self.hubert_idle_s)
-            return self._hubert
+    def _load_hubert(self) -> HubertEncoder:
+        from engines.gpt_sovits.ssl import HubertEncoder
 
-    def _unload_idle_hubert_in(self, delay_s: float) -> None:
-        """(Under the lock) check for an idle HuBERT after ``delay_s``."""
-        me = weakref.ref(self)  # (a timer does not keep dropped encoders alive)
-
-        def check() -> None:
-            encoders = me()
-            if encoders is not None:
-                encoders._unload_idle_hubert()  # pyright: ignore[reportPrivateUsage]
-
-        timer = self._hubert_timer = threading.Timer(delay_s, check)
-        timer.name, timer.daemon = "voicebot-hubert-idle", True
-        timer.start()
-
-    def _unload_idle_hubert(self) -> None:
-        with self._lock:
-            self._hubert_timer = None
-            if self._hubert is None:
-                return
-            idle = time.monotonic() - self._hubert_used
-            if idle < self.hubert_idle_s:
-                self._unload_idle_hubert_in(self.hubert_idle_s - idle)
-                return
-            self._hubert = None
-        log.info("HuBERT unused for %.0f s: unloaded (it loads again for the next voice made)", idle)
-        release_freed_memory()
-
-    @property
-    def hubert_loaded(self) -> bool:
-        return self._hubert is not None
+        return HubertEncoder.from_folder(self._path("hubert"), self._device, self._dtype)
 
     def bert(self) -> BertFeaturizer:
         with self._lock:

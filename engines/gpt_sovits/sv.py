@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import re
-import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -31,6 +30,7 @@ from engines.gpt_sovits import ieee_fp32_on_cuda
 from engines.gpt_sovits.checkpoint import SvCheckpoint, load_sv_checkpoint
 from engines.gpt_sovits.fbank import FBANK_BINS, fbank
 from engines.gpt_sovits.spectrogram import MAX_PEAK_DIVISOR
+from engines.runtime import IdleUnloaded
 
 log = logging.getLogger(__name__)
 
@@ -329,16 +329,15 @@ class LazySpeakerEncoder:
                                    "(sv/pretrained_eres2netv2w24s4ep4.ckpt for upstream's v2Pro/v2ProPlus)")
         self.path = path
         self._device = device
-        self._encoder: SpeakerEncoder | None = None
-        self._lock = threading.Lock()
+        # (unloaded after engines.runtime.IDLE_UNLOAD_S unused: 54 M weights, 0.2 GiB, for the voices made)
+        self.model: IdleUnloaded[SpeakerEncoder] = IdleUnloaded(self._load, "the SV model")
 
     def get(self) -> SpeakerEncoder:
-        """The loaded encoder (loads it the first time; ModelFormatError if the file is wrong)."""
-        with self._lock:
-            if self._encoder is None:
-                model = ERes2NetV2.from_checkpoint(load_sv_checkpoint(self.path), self._device, torch.float32)
-                self._encoder = SpeakerEncoder(model)
-            return self._encoder
+        """The loaded encoder (loads it if it is not; ModelFormatError if the file is wrong)."""
+        return self.model.get()
+
+    def _load(self) -> SpeakerEncoder:
+        return SpeakerEncoder(ERes2NetV2.from_checkpoint(load_sv_checkpoint(self.path), self._device, torch.float32))
 
 
 def require_sv_model(models: ModelPaths, version: str) -> Path:

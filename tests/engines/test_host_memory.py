@@ -15,7 +15,7 @@ from engines.encoders import LazyEncoders
 from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.gpt_sovits.tiny import MODEL_SET_LAYOUT
-from engines.runtime import lazy_zeros, release_freed_memory
+from engines.runtime import IdleUnloaded, lazy_zeros, release_freed_memory
 from tests.golden import Golden
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/statm").is_file(), reason="reads Linux's /proc/self/statm")
@@ -77,15 +77,31 @@ def test_freed_heap_memory_goes_back_to_the_os() -> None:
 
 def test_hubert_is_unloaded_when_idle_and_loaded_again_when_a_voice_is_made(tiny_models: Path) -> None:
     encoders = LazyEncoders(tiny_models / MODEL_SET_LAYOUT["hubert"], None, "cpu", torch.float32)
-    encoders.hubert_idle_s = 0.5
+    encoders.hubert_model.idle_s = 0.5
     wav = torch.zeros(1, 16000)
     first = encoders.hubert()
     for _ in range(4):  # used every 0.25 s: stays
         time.sleep(0.25)
         assert encoders.hubert() is first
     deadline = time.monotonic() + 10
-    while encoders.hubert_loaded and time.monotonic() < deadline:
+    while encoders.hubert_model.loaded and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not encoders.hubert_loaded  # idle past hubert_idle_s: unloaded
+    assert not encoders.hubert_model.loaded  # idle past idle_s: unloaded
     assert first.encode(wav).shape == encoders.hubert().encode(wav).shape  # the old reference still works; reloaded
-    assert encoders.hubert_loaded and encoders.hubert() is not first
+    assert encoders.hubert_model.loaded and encoders.hubert() is not first
+
+
+def test_a_model_that_fails_to_load_keeps_nothing_and_is_tried_again() -> None:
+    calls: list[int] = []
+
+    def load() -> list[int]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("the disk hiccuped")
+        return calls
+
+    model = IdleUnloaded(load, "test", idle_s=60)
+    with pytest.raises(OSError):
+        model.get()
+    assert not model.loaded
+    assert model.get() is calls and model.get() is calls and len(calls) == 2  # loaded once, then kept

@@ -142,7 +142,7 @@ def test_the_sv_model_is_part_of_the_model_identity(golden: Golden, golden_v2pro
                                                     backend: str, golden_onnx_dir: Path, tmp_path: Path) -> None:
     paths = _paths(golden, golden_v2pro_dir, meta, "v2Pro")
     a = _build(backend, paths, golden_onnx_dir)
-    assert a.speaker is not None and a.speaker._encoder is None  # type: ignore[attr-defined]  # loaded on first use
+    assert a.speaker is not None and not a.speaker.model.loaded  # loaded on first use
     same = tmp_path / "same.ckpt"
     shutil.copy(paths.sv, same)  # type: ignore[arg-type]
     b = _build(backend, _Paths(**{**paths.__dict__, "sv": same}), golden_onnx_dir)
