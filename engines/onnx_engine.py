@@ -80,8 +80,12 @@ class _OrtRunner:
             except Exception as e:  # ORT raises its own exception types
                 raise EngineError(f"ONNX Runtime cannot load {path} ({e}); delete its folder to export again") from e
         self._local = threading.local()  # IOBinding objects are per thread
+        self._shrink = ort.RunOptions()
+        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage",
+                                          "cpu:0" if self._ort_device[0] == "cpu" else f"gpu:{self._ort_device[1]}")
 
-    def run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+    def run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], *,
+            large: bool = False) -> None:
         bindings: _Bindings | None = getattr(self._local, "bindings", None)
         if bindings is None:
             bindings = self._local.bindings = {}
@@ -100,7 +104,8 @@ class _OrtRunner:
                 bound[name] = key
         if kind == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        self.sessions[graph].run_with_iobinding(io)
+        # a large run's memory goes back from the arena when it ends (LARGE_DECODE_FRAMES says why and what it costs)
+        self.sessions[graph].run_with_iobinding(io, self._shrink if large else None)
         if kind == "cuda":
             io.synchronize_outputs()
 

@@ -238,7 +238,9 @@ class _TrtRunner:
         self._dtypes = {g: {e.get_tensor_name(i): _torch_dtype(trt, e.get_tensor_dtype(e.get_tensor_name(i)))
                             for i in range(e.num_io_tensors)} for g, e in self._engines.items()}
 
-    def run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+    def run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], *,
+            large: bool = False) -> None:
+        # (large: nothing to give back; the engines' working memory is sized when they are built)
         types = self._dtypes[graph]
         stream = torch.cuda.current_stream(self.device)
         staged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (engine-typed output, caller's output)

@@ -8,6 +8,7 @@ import platform
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -77,10 +78,10 @@ def test_freed_heap_memory_goes_back_to_the_os() -> None:
 
 def test_hubert_is_unloaded_when_idle_and_loaded_again_when_a_voice_is_made(tiny_models: Path) -> None:
     encoders = LazyEncoders(tiny_models / MODEL_SET_LAYOUT["hubert"], None, "cpu", torch.float32)
-    encoders.hubert_model.idle_s = 0.5
+    encoders.hubert_model.idle_s = 1.5
     wav = torch.zeros(1, 16000)
     first = encoders.hubert()
-    for _ in range(4):  # used every 0.25 s: stays
+    for _ in range(8):  # used every 0.25 s, 2 s in all: stays
         time.sleep(0.25)
         assert encoders.hubert() is first
     deadline = time.monotonic() + 10
@@ -105,3 +106,32 @@ def test_a_model_that_fails_to_load_keeps_nothing_and_is_tried_again() -> None:
         model.get()
     assert not model.loaded
     assert model.get() is calls and model.get() is calls and len(calls) == 2  # loaded once, then kept
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc_trim")
+def test_a_long_decode_gives_its_working_memory_back(tiny_models: Path, tmp_path: Path, monkeypatch) -> None:
+    from bot.config import load_config
+    from engines import graph_engine, instruments
+    from engines.base import VoicePrompt
+
+    models = load_config(tiny_models / "config.yaml").models
+    engine = instruments.OnnxEngine.from_files(models, tmp_path / "onnx", precision="fp32")
+    _, ge = engine.encode_reference(None, [np.zeros(32000, np.float32)])
+    voice = VoicePrompt(np.zeros(0, np.int64), np.asarray(ge, np.float32), np.zeros(0, np.int64),
+                        np.zeros((1024, 0), np.float32), None)
+    tokens, phones = np.arange(1000) % 100, np.arange(300) % 100 + 1  # 40 s of audio: 2000 latent frames
+    assert 2 * tokens.size > graph_engine.LARGE_DECODE_FRAMES
+
+    def growth() -> float:
+        engine.decode(tokens[:50], phones[:20], voice, 1.0, 0.5, 0)  # (a usual one first)
+        release_freed_memory()
+        before = _resident()
+        wav = engine.decode(tokens, phones, voice, 1.0, 0.5, 0)
+        assert wav.size == 2000 * 640 and np.isfinite(wav).all()
+        release_freed_memory()
+        return (_resident() - before) / MB
+
+    kept_back = growth()
+    monkeypatch.setattr(graph_engine, "LARGE_DECODE_FRAMES", 10**9)  # what ONNX Runtime's arena does by itself
+    kept = growth()
+    assert kept_back < 40 and kept > 100, (kept_back, kept)
