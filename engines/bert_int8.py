@@ -195,16 +195,19 @@ def keep_proof(store: Path, key: str, proven: BertFeaturizer | None, error: floa
     store.parent.mkdir(parents=True, exist_ok=True)
     weights, record = store.with_suffix(".pt"), store.with_suffix(".json")
     record.unlink(missing_ok=True)
-    if proven is not None:
-        tmp = weights.with_suffix(".pt.tmp")
-        torch.save(proven.model.state_dict(), tmp)
-        os.replace(tmp, weights)
-    else:
-        weights.unlink(missing_ok=True)
-    tmp = record.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"schema": KEPT_SCHEMA, "key": key, "precision": "int8" if proven is not None else "fp32",
-                               "error": error, "bound": MAX_LOGIT_ERROR}))
-    os.replace(tmp, record)
+    tmp = weights.with_suffix(".pt.tmp")
+    try:
+        if proven is not None:
+            torch.save(proven.model.state_dict(), tmp)
+            os.replace(tmp, weights)
+        else:
+            weights.unlink(missing_ok=True)
+        tmp = record.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"schema": KEPT_SCHEMA, "key": key, "error": error, "bound": MAX_LOGIT_ERROR,
+                                   "precision": "int8" if proven is not None else "fp32"}))
+        os.replace(tmp, record)
+    finally:
+        tmp.unlink(missing_ok=True)  # (a full disk: no half file left behind)
 
 
 def kept_proof(store: Path, key: str, bert_folder: Path) -> tuple[BertFeaturizer | None, float] | None:

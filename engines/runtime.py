@@ -64,7 +64,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     import torch
 
     size = math.prod(shape) * dtype.itemsize
-    if size == 0:
+    if size == 0 or not hasattr(mmap, "MAP_PRIVATE"):  # (Windows: no private anonymous mappings in Python's mmap)
         return torch.zeros(shape, dtype=dtype)
     # private: a read fault maps the zero page (a shared mapping is shared memory, committed on reading too); the
     # tensor keeps the mapping alive (torch.frombuffer holds a reference to the buffer)

@@ -197,3 +197,16 @@ def test_a_kept_miss_keeps_the_fp32_bert_without_proving_again(models, bert_dir:
     again = _encoders(models, bert_dir, store)
     assert again.bert() is not None and again.bert_proof is None and again.bert_precision == "fp32"
     assert again.bert_int8_error == first.bert_int8_error and again.bert_int8_error > 1e-9
+
+
+def test_keeping_a_proof_on_a_full_disk_leaves_no_half_file(bert: BertFeaturizer, tmp_path: Path,
+                                                            monkeypatch) -> None:
+    def full_disk(obj, path) -> None:
+        Path(path).write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(B.torch, "save", full_disk)
+    store = tmp_path / "bert_int8"
+    with pytest.raises(OSError):
+        B.keep_proof(store, "key", B.int8_bert(bert), 0.1)
+    assert list(tmp_path.iterdir()) == []  # nothing kept, nothing half-written: the next start proves again
