@@ -95,8 +95,8 @@ class LazyEncoders:
 
     def _prove_int8_bert(self) -> None:
         """The proof's thread: the int8 BERT replaces the fp32 one if it holds; then the memory that the fp32 BERT,
-        the candidates and the proof's GPT held goes back to the OS (real size: a serving process 6.1 GB after the
-        proof without this, 2.9 GB with it)."""
+        the candidates and the proof's GPT held goes back to the OS (real size: a serving process 6.1 GiB after the
+        proof without this, 2.05 GiB with it)."""
         self._prove_against_fp32()
         release_freed_memory()  # (the fp32 BERT is freed once the sentence that may still read it ends)
 
