@@ -86,10 +86,11 @@ async def test_load_adds_a_replica_and_the_removed_replica_finishes_its_request_
     # Serve's queue is full while the new replica starts: one more is refused at once, by Serve's own bound (this
     # client, which counts the slots of the 2 replicas there may be, still had room for it)
     assert not remote.busy and not any(f.done() for f in firsts)
-    refused_at = time.perf_counter()
     with pytest.raises(BusyError):
         await anext(remote.stream("One too many.", voice.id, PARAMS))
-    assert time.perf_counter() - refused_at < 0.5
+    # refused while the queue was still full, not after it waited for a slot: no waiting request had one yet (a
+    # bound in seconds here failed on a loaded machine)
+    assert not any(f.done() for f in firsts)
 
     # the autoscaler adds a replica, and the waiting requests go to it
     await asyncio.wait_for(asyncio.gather(*firsts), SCALE_UP_S)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -62,18 +64,34 @@ def test_the_cpu_kv_cache_commits_only_the_positions_decoded(golden: Golden) -> 
     assert grown < 0.1 * size, (grown / MB, size / MB)
 
 
+_FREED_HEAP = """
+import os, sys
+from pathlib import Path
+from engines.runtime import release_freed_memory
+
+def resident():
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+# 256 MiB in 64 KiB pieces (below glibc's mmap threshold: the heap), each followed by a small piece that stays:
+# freed, the large pieces cannot merge into the heap's top, so free() alone returns none of them
+pairs = [(bytearray(b"x" * (64 * 1024)), bytearray(600)) for _ in range(4096)]
+kept = [small for _, small in pairs]
+del pairs
+before = resident()
+freed = release_freed_memory()
+print(before - resident(), freed, len(kept))
+"""
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc_trim")
 def test_freed_heap_memory_goes_back_to_the_os() -> None:
-    # 256 MiB in 64 KiB pieces (below glibc's mmap threshold: the heap), each followed by a small piece that stays:
-    # freed, the large pieces cannot merge into the heap's top, so free() alone returns none of them
-    pairs = [(bytearray(64 * 1024), bytearray(600)) for _ in range(4096)]
-    kept = [small for _, small in pairs]
-    del pairs
-    before = _resident()
-    freed = release_freed_memory()
-    after = _resident()
-    assert before - after > 128 * MB and freed > 128 * MB, ((before - after) / MB, freed / MB)
-    assert len(kept) == 4096
+    # In a fresh interpreter: in the suite's process the allocator's history (arenas, a threshold a library moved,
+    # holes from earlier tests) decided where the pieces went, and the test failed only in full runs.
+    out = subprocess.run([sys.executable, "-c", _FREED_HEAP], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2], check=True).stdout.split()
+    shrank, freed, kept = (int(v) for v in out)
+    assert shrank > 128 * MB and freed > 128 * MB, (shrank / MB, freed / MB)
+    assert kept == 4096
 
 
 def test_hubert_is_unloaded_when_idle_and_loaded_again_when_a_voice_is_made(tiny_models: Path) -> None:
