@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from synthesis.cluster import ClusterOptions
     from synthesis.remote import RemoteSynthesizer, connect_cluster
     from synthesis.scheduler import DeviceWorker
-    from synthesis.text import text_to_phonemes
+    from synthesis.text import Lexicon, LexiconError, explain_text, make_entry, text_to_phonemes
     from synthesis.voices import VoiceError, VoiceStore, check_name
 
 __all__ = [
@@ -51,6 +51,8 @@ __all__ = [
     "read_upload_file", "resample", "StreamResampler", "encode_audio", "StreamEncoder", "to_pcm16",
     # the text front-end on its own (text -> phone ids), which the benchmark times as part of the first audio
     "text_to_phonemes",
+    # pronunciation dictionaries (guild, user, HTTP API) and the report of what will be said
+    "Lexicon", "LexiconError", "make_entry", "explain_text",
 ]
 
 _LAZY = {  # name -> the module that defines it, imported on first use
@@ -62,6 +64,8 @@ _LAZY = {  # name -> the module that defines it, imported on first use
     "read_upload_file": "synthesis.audio", "resample": "synthesis.audio", "StreamResampler": "synthesis.audio",
     "encode_audio": "synthesis.audio", "StreamEncoder": "synthesis.audio",
     "text_to_phonemes": "synthesis.text",
+    "Lexicon": "synthesis.text", "LexiconError": "synthesis.text", "make_entry": "synthesis.text",
+    "explain_text": "synthesis.text",
 }
 
 

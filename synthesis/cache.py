@@ -38,7 +38,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-KEY_SCHEMA = 1  # bump when the key layout or value encoding changes (old entries then age out)
+KEY_SCHEMA = 2  # bump when the key layout or value encoding changes (old entries then age out)
 TOKEN_DTYPE = np.dtype("<i2")  # semantic tokens are 0..1024, stored as int16 (2 bytes per 40 ms)
 AUDIO_DTYPE = np.dtype("<f4")  # audio is stored exactly, float32
 OVERSHOOT = 1.1  # the bound may be exceeded by this factor before a batch cull (one entry per store otherwise)
@@ -90,7 +90,8 @@ class SynthesisCache:
 
     @staticmethod
     def prosody_key(
-        model_id: str, voice_id: str, voice_version: int, text: str, language: str, sampling: Mapping[str, Any]
+        model_id: str, voice_id: str, voice_version: int, text: str, language: str, sampling: Mapping[str, Any],
+        *, reading: str = "",
     ) -> str:
         """The prosody cache key: a SHA-256 hex digest over everything that changes the GPT's output.
 
@@ -101,6 +102,9 @@ class SynthesisCache:
         text: the sentence (whitespace-collapsed and NFC-normalised here).
         language: the sentence's language code.
         sampling: every sampling parameter, seed included (e.g. ``dataclasses.asdict(SamplingParams)``).
+        reading: what the front-end gave the GPT for the sentence (``Phonemes.reading_key``: phones, languages,
+            BERT layout), so that another reading of the same text (a front-end change, a pronunciation-dictionary
+            entry, G2PW installed) never hits tokens made for the old one.
         """
         payload = {
             "schema": KEY_SCHEMA,
@@ -111,6 +115,8 @@ class SynthesisCache:
             "language": language,
             "sampling": {str(k): sampling[k] for k in sorted(sampling)},
         }
+        if reading:
+            payload["reading"] = reading
         return _digest(payload)
 
     @staticmethod

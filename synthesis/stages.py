@@ -130,7 +130,7 @@ class Stages:
     async def phonemize(self, job: SentenceJob) -> None:
         """Text front-end (off the event loop), then the sentence's seed and cache keys."""
         p = job.params
-        job.ph = await asyncio.to_thread(text_to_phonemes, job.text, p.language)
+        job.ph = await asyncio.to_thread(text_to_phonemes, job.text, p.language, p.lexicon)
         job.seed = sentence_seed(p.seed, job.ph.norm_text)
         job.prosody_key = self.prosody_key(job.voice, job.ph, p)
         job.audio_key = self.cache.audio_key(job.prosody_key, p.speed, p.noise_scale,
@@ -145,7 +145,9 @@ class Stages:
         """The cache key of a sentence's semantic tokens.
 
         The language part is the languages the front-end actually used for its pieces, not the requested mode,
-        so "auto" and "en" share entries for an English sentence (precomputed phrases hit either way).
+        so "auto" and "en" share entries for an English sentence (precomputed phrases hit either way). The
+        reading (phones, BERT layout) is part of it: a sentence a pronunciation entry changed, or one the front-end
+        now reads otherwise, never hits tokens made for another reading.
         """
         sampling = {"top_k": p.top_k, "top_p": p.top_p, "temperature": p.temperature,
                     "repetition_penalty": p.repetition_penalty,
@@ -154,7 +156,7 @@ class Stages:
                     "seed": p.seed if p.seed != -1 else "any"}
         return self.cache.prosody_key(self.engine.model_id, voice.id, voice.version,
                                       normalize_for_cache(ph.norm_text),
-                                      "+".join(piece.lang for piece in ph.pieces), sampling)
+                                      "+".join(piece.lang for piece in ph.pieces), sampling, reading=ph.reading_key)
 
     # ---- prosody (cache | GPT) ---------------------------------------------------------------------------------
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol
+from typing import TYPE_CHECKING, AsyncIterator, Protocol
 
 import numpy as np
 
 from engines import SAMPLE_RATE, SamplingParams, SpeechError, VoicePrompt
+
+if TYPE_CHECKING:  # the text front-end imports this module: a runtime import would be circular
+    from synthesis.text.lexicon import Lexicon
 
 LANGUAGES = ("auto", "auto_yue", "en", "zh", "ja", "yue", "ko", "all_zh", "all_ja", "all_yue", "all_ko")
 SPLIT_METHODS = ("cut0", "cut1", "cut2", "cut3", "cut4", "cut5")
@@ -46,6 +49,8 @@ class SynthesisParams:
     seed: int = -1  # -1: random
     split_method: str = "cut5"
     fragment_interval: float = 0.3  # seconds of silence after each sentence
+    # the pronunciation dictionary applied before G2P (a guild's with its member's on top, the HTTP API's file)
+    lexicon: Lexicon | None = None
 
     def __post_init__(self) -> None:
         if self.language not in LANGUAGES:

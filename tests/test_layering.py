@@ -45,6 +45,9 @@ ALLOWED: dict[str, str] = {
     # Silero VAD's small ONNX model picks the speech in an upload (issue 16 item 8): upload preparation, not speech
     # synthesis, so it has no place behind the Engine protocol; one CPU session, created on first use.
     "synthesis/vad.py": "runs the voice-activity model for upload preparation",
+    # Upstream's default Mandarin front-end asks the G2PW polyphone model (a small ONNX BERT classifier) for
+    # readings: text processing, optional (only where the user installed it), one CPU session on first use.
+    "synthesis/text/g2pw.py": "runs the optional G2PW polyphone model of the Mandarin front-end",
 }
 
 # Imports of a layer above that are the point of a file, with the reason (file, imported package).

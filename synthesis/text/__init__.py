@@ -6,7 +6,9 @@ Dictionaries and models (CMU, jieba, pypinyin, the g2p_en GRU, OpenJTalk) load o
 from __future__ import annotations
 
 from .errors import TextError
+from .explain import explain_text
 from .frontend import Phonemes, bert_features, text_to_phonemes
+from .lexicon import Lexicon, LexiconError, make_entry
 from .normalize import normalize_for_cache
 from .split import split_sentences
 from .stream import SentenceStream
@@ -19,4 +21,8 @@ __all__ = [
     "bert_features",
     "normalize_for_cache",
     "TextError",
+    "Lexicon",
+    "LexiconError",
+    "make_entry",
+    "explain_text",
 ]

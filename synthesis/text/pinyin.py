@@ -15,12 +15,15 @@ INITIALS = ("zh", "ch", "sh", "b", "p", "m", "f", "d", "t", "n", "l", "g", "k", 
 TONES = "12345"  # 5 = neutral
 # Interjection syllables outside the standard inventory -> the closest standard syllable.
 _INTERJECTIONS = {"m": "mu", "hm": "hen", "n": "en", "ng": "en", "hng": "heng", "ê": "ei", "eh": "ei"}
+# pypinyin's strict initial/final split gives 哟 yo no initial, so upstream reads it as the bare final o.
+_RESPELL = {"yo": "o"}
 
 
 def _split(base: str) -> tuple[str, str]:
     """Toneless pinyin (``v`` for ü) -> (initial, final) in opencpop-strict spelling, not yet validated."""
     base = base.replace("ü", "v")
     base = _INTERJECTIONS.get(base, base)
+    base = _RESPELL.get(base, base)
     first = base[:1]
     if first == "a":
         return "AA", base
