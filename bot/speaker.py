@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, Sequence
 from synthesis import SpeechError, SpeechSynthesizer, SynthesisParams, Voice
 
 from bot.audio_source import DEFAULT_BUFFER_S, StreamAudioSource
+from bot.dave_voice import DaveVoiceClient
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class VoiceChannelLike(Protocol):
     @property
     def members(self) -> Sequence[Any]: ...
 
-    async def connect(self, *, timeout: float, reconnect: bool, self_deaf: bool) -> Any: ...
+    async def connect(self, *, timeout: float, reconnect: bool, self_deaf: bool, cls: Any) -> Any: ...
 
 
 @dataclass
@@ -233,7 +234,7 @@ class GuildSpeaker:
         """channel.connect() with a timeout and a clear error; adopts an existing connection of this guild."""
         try:
             return await asyncio.wait_for(
-                channel.connect(timeout=self._connect_timeout_s, reconnect=True, self_deaf=True),
+                channel.connect(timeout=self._connect_timeout_s, reconnect=True, self_deaf=True, cls=DaveVoiceClient),
                 self._connect_timeout_s + 1.0,
             )
         except TimeoutError as e:

@@ -189,7 +189,7 @@ class FakeChannel:
     clients: list[FakeVoiceClient] = field(default_factory=list)
     fail_connect: bool = False
 
-    async def connect(self, *, timeout: float, reconnect: bool, self_deaf: bool) -> FakeVoiceClient:
+    async def connect(self, *, timeout: float, reconnect: bool, self_deaf: bool, cls: Any = None) -> FakeVoiceClient:
         await asyncio.sleep(0.005)
         if self.fail_connect:
             raise RuntimeError("Missing Permissions")

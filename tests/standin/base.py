@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .dave import DaveMember
 from .model import StoredFile
 from .voice_udp import SUPPORTED_MODE
 
@@ -96,6 +97,7 @@ class VoiceConnection:
     secret_key: bytes | None = None
     heartbeats: int = 0
     binary_frames: list[bytes] = field(default_factory=list)
+    dave: DaveMember | None = None  # its member of the channel's DAVE group, when the stand-in speaks DAVE
 
 
 async def read_body(request: web.Request) -> tuple[Any, list[StoredFile]]:

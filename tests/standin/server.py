@@ -27,6 +27,7 @@ import trustme
 from aiohttp import web
 
 from .base import API_PREFIX, INTERACTION_ACK_WINDOW_S, StandinError, RecordedRequest, GuildLayout, VoiceConnection
+from .dave import DaveGroup
 from .driver import Driver
 from .gateway import Gateway
 from .model import (
@@ -49,13 +50,18 @@ class Standin(Driver, RestApi, Gateway, VoiceGateway):
         How many standard guilds to create (see ``GuildLayout``).
     token
         The bot token the stand-in accepts.
+    dave
+        Speak DAVE (protocol version 1) to voice clients that support it: the stand-in is the MLS delivery service
+        and external sender of each channel (``dave_groups``), and ``join_listener`` adds members who decrypt.
 
     Use as ``async with Standin() as standin:``; then point the bot at ``api_base``, ``gateway_url`` and trust
     ``ssl_context_for_clients()``.
     """
 
-    def __init__(self, *, guilds: int = 1, token: str = "standin-bot-token") -> None:
+    def __init__(self, *, guilds: int = 1, token: str = "standin-bot-token", dave: bool = False) -> None:
         self.token = token
+        self.dave = dave
+        self.dave_groups: dict[int, DaveGroup] = {}  # per guild: the group of the channel the bot is in
         self.interaction_ack_window_s = INTERACTION_ACK_WINDOW_S  # tests may shorten it to check a late answer
         self._snowflake = SnowflakeFactory()
         self.application_id = self._snowflake()
@@ -126,6 +132,8 @@ class Standin(Driver, RestApi, Gateway, VoiceGateway):
             await ws.close(code=1001)
         for udp in self._udp.values():
             udp.close()
+        for group in self.dave_groups.values():
+            await group.close()
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()

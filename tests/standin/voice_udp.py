@@ -3,7 +3,9 @@
 One endpoint per guild. Every datagram that looks like RTP is recorded with its arrival time; its payload is
 decrypted with the session's key (``aead_xchacha20_poly1305_rtpsize``: the RTP header is the associated data, the
 last 4 bytes are a counter that forms the first 4 bytes of the 24-byte nonce) and decoded with
-``discord.opus.Decoder`` to 48 kHz stereo int16, 20 ms per packet.
+``discord.opus.Decoder`` to 48 kHz stereo int16, 20 ms per packet. Under DAVE the decrypted payload is an
+end-to-end encrypted frame; the voice WebSocket registers an opener for the SSRC (``open_media``) that hands it to
+the channel's listening members (:mod:`tests.standin.dave`) and returns the Opus they decrypted.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import logging
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import discord.opus
@@ -47,6 +50,7 @@ class RtpPacket:
     size: int  # bytes on the wire
     opus: bytes
     pcm: bytes
+    e2ee: bool = False  # the payload was a DAVE frame (end-to-end encrypted), not plain Opus
 
     @property
     def is_silence(self) -> bool:
@@ -157,6 +161,8 @@ class VoiceUdpEndpoint(asyncio.DatagramProtocol):
         self._boxes: dict[int, nacl.secret.Aead] = {}
         self._decoders: dict[int, discord.opus.Decoder] = {}
         self.peers: dict[int, tuple[str, int]] = {}  # SSRC -> the client's address seen in IP discovery
+        # SSRC -> (seq, payload) -> (Opus, was end-to-end encrypted); raises when no member could decrypt it
+        self.openers: dict[int, Callable[[int, bytes], tuple[bytes, bool]]] = {}
 
     @classmethod
     async def open(cls, recording: VoiceRecording) -> VoiceUdpEndpoint:
@@ -220,6 +226,7 @@ class VoiceUdpEndpoint(asyncio.DatagramProtocol):
         if has_extension:  # rtpsize: the 4-byte extension header is authenticated, its body encrypted
             header_size += 4
         opus = pcm = b""
+        e2ee = False
         box = self._boxes.get(ssrc)
         if box is None:
             self.recording.errors.append(f"RTP from unknown SSRC {ssrc}")
@@ -235,10 +242,22 @@ class VoiceUdpEndpoint(asyncio.DatagramProtocol):
                 if has_extension:
                     words = struct.unpack_from(">H", data, RTP_HEADER_SIZE + 2)[0]
                     plain = plain[4 * words :]
-                opus = plain
-                try:
-                    pcm = self._decoders[ssrc].decode(opus, fec=False)
-                except discord.opus.OpusError as e:
-                    self.recording.errors.append(f"seq {seq}: Opus decode failed ({e})")
-        self.recording.packets.append(RtpPacket(seq, timestamp, ssrc, at, len(data), opus, pcm))
+                opus, e2ee = self._open(ssrc, seq, plain)
+                if opus:
+                    try:
+                        pcm = self._decoders[ssrc].decode(opus, fec=False)
+                    except discord.opus.OpusError as e:
+                        self.recording.errors.append(f"seq {seq}: Opus decode failed ({e})")
+        self.recording.packets.append(RtpPacket(seq, timestamp, ssrc, at, len(data), opus, pcm, e2ee))
         self.recording._notify()
+
+    def _open(self, ssrc: int, seq: int, payload: bytes) -> tuple[bytes, bool]:
+        """The Opus inside a transport-decrypted payload: end-to-end decrypted where an opener is registered."""
+        opener = self.openers.get(ssrc)
+        if opener is None:
+            return payload, False
+        try:
+            return opener(seq, payload)
+        except ValueError as e:
+            self.recording.errors.append(f"seq {seq}: end-to-end decryption failed ({e})")
+            return b"", True
