@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from bot.client import VoiceBot
     from bot.config import config_from_dict
     from bot.http import start_server
+    from bot.pronunciations import PronunciationFile, Pronunciations, explain_phonemes, format_explanation
     from bot.services import Services, build_synthesizer
     from bot.speaker import NotInVoice
     from bot.speech import NoVoice, SpeechService
@@ -29,6 +30,8 @@ __all__ = [
     "ChatClient", "ChatError",
     # the guild and user settings /settings and /set work with
     "GUILD_SETTINGS", "USER_SETTINGS", "SettingDef", "setting_def",
+    # pronunciation dictionaries (guild and user in the store, the HTTP API's file) and what will be said
+    "Pronunciations", "PronunciationFile", "explain_phonemes", "format_explanation",
     # the process's parts built from a config, for the tools beside it (the benchmarks): a config from a dict, the
     # synthesizer, the HTTP API on a port
     "config_from_dict", "build_synthesizer", "start_server",
@@ -40,6 +43,8 @@ _LAZY = {  # name -> the module that defines it, imported on first use
     "ChatClient": "bot.chat", "ChatError": "bot.chat",
     "config_from_dict": "bot.config", "build_synthesizer": "bot.services", "start_server": "bot.http",
     "GUILD_SETTINGS": "bot.store", "USER_SETTINGS": "bot.store", "SettingDef": "bot.store", "setting_def": "bot.store",
+    "Pronunciations": "bot.pronunciations", "PronunciationFile": "bot.pronunciations",
+    "explain_phonemes": "bot.pronunciations", "format_explanation": "bot.pronunciations",
 }
 
 

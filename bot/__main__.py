@@ -63,6 +63,23 @@ def _parser() -> argparse.ArgumentParser:
     sp = psub.add_parser("precompute", parents=[common])
     sp.add_argument("--voice", default=None)
 
+    sp = sub.add_parser("phonemes", parents=[common],
+                        help="show how a text will be read: normalised text, language pieces, phones")
+    sp.add_argument("text")
+    sp.add_argument("--lang", default=None, help="text language (default from config)")
+    _dictionary_args(sp)
+    sp.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+    dp = sub.add_parser("pronounce", parents=[common], help="pronunciation dictionaries: export, import")
+    dsub = dp.add_subparsers(dest="action", required=True)
+    sp = dsub.add_parser("export", parents=[common], help="write a dictionary as a JSON file")
+    _dictionary_args(sp, required=True)
+    sp.add_argument("-o", "--output", type=Path, default=None, help="file to write (default: stdout)")
+    sp = dsub.add_parser("import", parents=[common], help="load a JSON dictionary file (checked whole first)")
+    sp.add_argument("file", type=Path)
+    _dictionary_args(sp, required=True)
+    sp.add_argument("--replace", action="store_true", help="replace the whole dictionary (default: add to it)")
+
     mp = sub.add_parser("models", parents=[common], help="model files")
     msub = mp.add_subparsers(dest="action", required=True)
     sp = msub.add_parser("download", parents=[common])
@@ -81,6 +98,16 @@ def _parser() -> argparse.ArgumentParser:
 
     benchmarks.add_commands(sub, common)
     return p
+
+
+def _dictionary_args(sp: argparse.ArgumentParser, *, required: bool = False) -> None:
+    """--guild / --user / --http / --dict: which pronunciation dictionary a command reads or writes."""
+    group = sp.add_mutually_exclusive_group(required=required)
+    group.add_argument("--guild", type=int, help="a Discord server's dictionary (its id)")
+    group.add_argument("--user", type=int, help="a Discord user's dictionary (their id)")
+    group.add_argument("--http", action="store_true", help="the HTTP API's dictionary file (http.pronunciations)")
+    if not required:
+        group.add_argument("--dict", type=Path, help="a dictionary JSON file")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -199,6 +226,9 @@ def _check_token(config: Any, args: argparse.Namespace) -> int:
 
 
 def _serve(config: Any, args: argparse.Namespace) -> int:
+    from bot.http.app import check_bind
+
+    check_bind(config, args.host)  # a refusal at once, not after loading the models
     if (missing := _check_models(config)) is not None:
         print(missing, file=sys.stderr)
         return 2
@@ -226,11 +256,14 @@ def _say(config: Any, args: argparse.Namespace) -> int:
 
 
 def _check_language(language: str | None, option: str) -> None:
-    """Refuse an unknown language code in one line."""
-    from synthesis import LANGUAGES
+    """Refuse, in one line and before any model loads, an unknown language code or one this build cannot read."""
+    from synthesis import LANGUAGES, check_speakable
 
-    if language is not None and language not in LANGUAGES:
+    if language is None:
+        return
+    if language not in LANGUAGES:
         raise SpeechError(f"{option} {language!r} is not a language code: use one of {', '.join(LANGUAGES)}")
+    check_speakable(language)
 
 
 def _read_clip(config: Any, path: Path) -> bytes:
@@ -357,7 +390,12 @@ def _voices_add(config: Any, args: argparse.Namespace) -> int:
                     progress=progress)
             for w in warnings:
                 print(f"warning: {w}", file=sys.stderr)
-            print(f"voice {voice.name!r} created (id {voice.id})")
+            text = "with its transcript" if voice.prompt_text else "reference-free (no transcript)"
+            print(f"voice {voice.name!r} created (id {voice.id}) from {_kept_seconds(synth.voices.meta(voice.id))}, "
+                  f"{text}")
+            if args.text and not voice.prompt_text:  # the clip had speech outside the kept seconds (the warning)
+                print(f"to keep a transcript: cut {args.clip.name} to the seconds it uses, run `python -m bot voices "
+                      f"delete {voice.name}`, then add it again with --text \"the words said in them\"", file=sys.stderr)
             if config.phrases:
                 await _precompute_with_bar(synth, voice, config.phrases)
             return 0
@@ -380,13 +418,23 @@ async def _precompute_with_bar(synth: Any, voice: Any, phrases: Sequence[str]) -
 def _voices_list(config: Any, args: argparse.Namespace) -> int:
     from synthesis import VoiceStore
 
-    voices = VoiceStore(config.voices.dir).list()
+    store = VoiceStore(config.voices.dir)
+    voices = store.list()
     if not voices:
         print("no voices yet: add one with `python -m bot voices add NAME CLIP --text \"...\"`")
     for v in voices:
         print(f"{v.name:24} {v.id}  owner {v.owner_id}  v{v.version}  {v.language:6} "
-              f"{'reference-free' if not v.prompt_text else repr(v.prompt_text[:40])}")
+              f"{'reference-free' if not v.prompt_text else repr(v.prompt_text[:40])}  {_kept_seconds(store.meta(v.id))}")
     return 0
+
+
+def _kept_seconds(meta: dict[str, Any]) -> str:
+    """Which seconds of the upload a voice's reference is, from its stored metadata."""
+    ref = meta.get("reference") or {}
+    if "clip_s" not in ref:  # made before the upload's length was recorded
+        return f"seconds {ref.get('start_s', 0.0):.1f}-{ref.get('end_s', 0.0):.1f} of its clip"
+    cut = ", speech left out" if ref.get("kept") else ""
+    return f"seconds {ref['start_s']:.1f}-{ref['end_s']:.1f} of the {ref['clip_s']:.1f} s clip{cut}"
 
 
 def _voices_delete(config: Any, args: argparse.Namespace) -> int:
@@ -449,6 +497,76 @@ def _engines_build(config: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _with_dictionaries(config: Any, fn: Any) -> Any:
+    """Run ``fn(Pronunciations)`` against the bot's database (created if missing, as the bot would)."""
+    from bot.pronunciations import Pronunciations
+    from bot.store import Store
+
+    async with Store(Path(config.discord.database)) as store:
+        return await fn(Pronunciations(store))
+
+
+def _read_dictionary(config: Any, args: argparse.Namespace) -> Any:
+    """The dictionary --guild/--user/--http/--dict names, or None."""
+    from synthesis import Lexicon
+
+    from bot.pronunciations import PronunciationFile
+
+    if getattr(args, "dict", None) is not None:
+        return Lexicon.from_file(_read_file(args.dict))
+    if args.http:
+        return PronunciationFile(config.http.pronunciations).load()
+    if args.guild is not None:
+        return asyncio.run(_with_dictionaries(config, lambda d: d.lexicon("guild", args.guild)))
+    if args.user is not None:
+        return asyncio.run(_with_dictionaries(config, lambda d: d.lexicon("user", args.user)))
+    return None
+
+
+def _read_file(path: Path) -> bytes:
+    """A dictionary file's bytes; SpeechError naming the file when it cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise SpeechError(f"cannot read {path}: {e.strerror or e}") from e
+
+
+def _phonemes(config: Any, args: argparse.Namespace) -> int:
+    from bot.pronunciations import explain_phonemes, format_explanation
+
+    language = args.lang or config.synthesis.language
+    _check_language(language, "--lang")
+    lexicon = _read_dictionary(config, args)
+    report = asyncio.run(explain_phonemes(args.text, language, lexicon))
+    print(json.dumps(report, ensure_ascii=False) if args.json else format_explanation(report))
+    return 0
+
+
+def _pronounce_export(config: Any, args: argparse.Namespace) -> int:
+    lexicon = _read_dictionary(config, args)
+    data = lexicon.to_file()
+    if args.output is None:
+        sys.stdout.write(data.decode("utf-8"))
+    else:
+        args.output.write_bytes(data)
+        print(f"wrote {len(lexicon)} entries to {args.output}")
+    return 0
+
+
+def _pronounce_import(config: Any, args: argparse.Namespace) -> int:
+    from bot.pronunciations import PronunciationFile
+
+    data = _read_file(args.file)
+    if args.http:
+        imported, total = PronunciationFile(config.http.pronunciations).import_file(data, replace=args.replace)
+    else:
+        scope, owner = ("guild", args.guild) if args.guild is not None else ("user", args.user)
+        imported, total = asyncio.run(_with_dictionaries(
+            config, lambda d: d.import_file(scope, owner, data, replace=args.replace)))
+    print(f"imported {imported} entries; the dictionary now holds {total}")
+    return 0
+
+
 _COMMANDS = {
     ("run", None): _run,
     ("check-token", None): _check_token,
@@ -458,6 +576,9 @@ _COMMANDS = {
     ("voices", "list"): _voices_list,
     ("voices", "delete"): _voices_delete,
     ("phrases", "precompute"): _phrases_precompute,
+    ("phonemes", None): _phonemes,
+    ("pronounce", "export"): _pronounce_export,
+    ("pronounce", "import"): _pronounce_import,
     ("models", "download"): _download,
     ("engines", "build"): _engines_build,
 }

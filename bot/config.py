@@ -235,11 +235,16 @@ class HttpConfig:
     rate_limit_key: str = "address"  # what shares one rate-limit bucket: address | token | none (one for all)
     trusted_networks: tuple[str, ...] = ()  # client addresses/CIDRs that need no token (e.g. 192.168.1.0/24)
     allowed_hosts: tuple[str, ...] = ()  # Host names served besides localhost and IP literals ("*" = any)
+    # reverse proxies (addresses/CIDRs) whose X-Forwarded-For / Forwarded name the real client
+    trusted_proxies: tuple[str, ...] = ()
     voice_aliases: dict[str, str] = field(default_factory=dict)  # client voice name (alloy...) -> stored voice
     default_voice: str = ""  # stored voice for unmapped OpenAI voice names; "" = the first voice by name
     idle_timeout_s: float = 15.0  # an idle keep-alive connection, or one slow to send its request head, is closed
     body_timeout_s: float = 30.0  # a request body must arrive within this
     ws_idle_timeout_s: float = 20.0  # a WebSocket whose client sends nothing this long ends its input
+    # the HTTP API's pronunciation dictionary (JSON, synthesis.Lexicon's format; missing = empty), applied to every
+    # HTTP request and edited through /pronunciations
+    pronunciations: Path = Path("pronunciations.json")
 
     def __post_init__(self) -> None:
         if not self.host.strip():
@@ -256,12 +261,12 @@ class HttpConfig:
             if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
                 raise ValueError(f"cors_origins: {origin!r} is not an origin like http://localhost:8000 (no path) "
                                  f"or *")
-        for net in self.trusted_networks:
-            try:
-                ipaddress.ip_network(net, strict=False)
-            except ValueError:
-                raise ValueError(f"trusted_networks: {net!r} is not an address or network like 192.168.1.0/24"
-                                 ) from None
+        for key, example in (("trusted_networks", "192.168.1.0/24"), ("trusted_proxies", "127.0.0.1")):
+            for net in getattr(self, key):
+                try:
+                    ipaddress.ip_network(net, strict=False)
+                except ValueError:
+                    raise ValueError(f"{key}: {net!r} is not an address or network like {example}") from None
         for host in self.allowed_hosts:
             if not host.strip() or any(c in host for c in "/ "):
                 raise ValueError(f"allowed_hosts: {host!r} is not a host name like tts.lan (or *)")

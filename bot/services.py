@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bot.config import MB, Config
+from bot.pronunciations import PronunciationFile
 from bot.voice_service import VoiceService
 from engines import load_engine
 from synthesis import DeviceWorker, SynthesisCache, SynthesisParams, Synthesizer, VoiceStore, connect_cluster
@@ -30,8 +31,11 @@ class Services:
     speech: "SpeechService | None" = None
     chat: "ChatClient | None" = None  # only when config.chat.enabled
     voices: VoiceService | None = None  # a voice's life (create, share, delete, forget-me); with the store
+    pronunciations: PronunciationFile | None = None  # the HTTP API's dictionary (http.pronunciations)
 
     def __post_init__(self) -> None:
+        if self.pronunciations is None:
+            self.pronunciations = PronunciationFile(self.config.http.pronunciations)
         if self.voices is None:  # without a store (the HTTP API alone) it only reads voices
             self.voices = VoiceService(self.store, self.synthesizer, phrases=self.config.phrases)
 

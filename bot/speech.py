@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Sequence
 from synthesis import BusyError, SpeechError, SynthesisParams, Voice
 
 from bot.config import Config
+from bot.pronunciations import Pronunciations
 from bot.speaker import ErrorCallback, GuildSpeaker, NotInVoice, SpeechItem
 from bot.store import JournalEntry, Store
 from bot.voice_service import VoiceService
@@ -97,6 +98,7 @@ class SpeechService:
         self.on_error = on_error
         self._speakers: dict[int, GuildSpeaker] = {}
         self._base_params = config.synthesis.params  # the server's defaults, checked at load
+        self.pronunciations = Pronunciations(store)
         self._closed = False
 
     # --- speakers ---------------------------------------------------------------------------------------------------
@@ -200,7 +202,7 @@ class SpeechService:
             self._check_policy(settings, member, is_bot, spk)
         user = {} if is_bot else await self.store.user_settings(member.id, guild.id)
         chosen = voice or await self._resolve_voice(guild.id, member, settings, user)
-        params = self._params(settings, user)
+        params = await self._with_lexicon(self._params(settings, user), guild.id, None if is_bot else member.id)
         rules = self._rules(settings, params.speed)
         ctx = await self._context(guild, text, attachments, mentions)
         cleaned = clean_text(text, ctx, rules)
@@ -243,7 +245,7 @@ class SpeechService:
         chosen = voice or await self._guild_voice(guild.id, settings) or await self._resolve_voice(
             guild.id, member, settings, user
         )
-        params = self._params(settings, user)
+        params = await self._with_lexicon(self._params(settings, user), guild.id, member.id)
         rules = self._rules(settings, params.speed)
         await self._connect_for(spk, member, "chat", settings)
         ctx = await self._context(guild, "", ())
@@ -367,6 +369,11 @@ class SpeechService:
         )
         speed = user.get("speed") or self._base_params.speed
         return dataclasses.replace(self._base_params, language=language, speed=speed)
+
+    async def _with_lexicon(self, params: SynthesisParams, guild_id: int, user_id: int | None) -> SynthesisParams:
+        """``params`` with the pronunciation dictionary the member's text is read with (guild's, then theirs)."""
+        lexicon = await self.pronunciations.for_member(guild_id, user_id)
+        return params if lexicon is None else dataclasses.replace(params, lexicon=lexicon)
 
     def _rules(self, settings: dict[str, Any], speed: float) -> TextRules:
         """The guild's text rules."""

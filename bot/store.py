@@ -1,4 +1,5 @@
-"""The bot's SQLite store: guild and user settings, nicknames, voice sharing, consent, phrases, the restart journal.
+"""The bot's SQLite store: guild and user settings, nicknames, voice sharing, consent, phrases, the restart journal,
+pronunciation dictionaries.
 
 One database file in WAL mode, opened on one dedicated thread: every query runs there, so the event loop never
 blocks on disk, and every write is one transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on error)
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
-from synthesis import LANGUAGES, SpeechError
+from synthesis import SpeechError, speakable_languages
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,13 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE consent;
     CREATE TABLE voice_journal (
         voice_id TEXT PRIMARY KEY, op TEXT NOT NULL CHECK (op IN ('create', 'delete')), at REAL NOT NULL);
+    """,
+    # v4: pronunciation dictionaries, a guild's and a user's (``key``: the entry's match key, ``entry``: its JSON in
+    # the dictionary file format, checked by synthesis' Lexicon on the way in and out)
+    """
+    CREATE TABLE pronunciations (
+        scope TEXT NOT NULL CHECK (scope IN ('guild', 'user')), owner_id INTEGER NOT NULL, key TEXT NOT NULL,
+        entry TEXT NOT NULL, PRIMARY KEY (scope, owner_id, key));
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -255,7 +263,7 @@ class SettingDef:
             return self.default
 
 
-_LANG_CHOICES = tuple(LANGUAGES)
+_LANG_CHOICES = speakable_languages()  # only what this build can read (packages found, nothing loaded)
 
 GUILD_SETTINGS: dict[str, SettingDef] = {
     s.name: s
@@ -690,6 +698,48 @@ class Store:
         rows = await self._read("SELECT text FROM guild_phrases WHERE guild_id = ? ORDER BY rowid", (guild_id,))
         return [r[0] for r in rows]
 
+    # pronunciation dictionaries
+
+    async def pronunciations(self, scope: str, owner_id: int) -> list[str]:
+        """A guild's (``scope`` "guild") or a user's ("user") dictionary entries as JSON, oldest first."""
+        _check_scope(scope)
+        rows = await self._read("SELECT entry FROM pronunciations WHERE scope = ? AND owner_id = ? ORDER BY rowid",
+                                (scope, owner_id))
+        return [r[0] for r in rows]
+
+    async def put_pronunciations(self, scope: str, owner_id: int, entries: Sequence[tuple[str, str]], *,
+                                 limit: int, replace: bool = False) -> int:
+        """Add or update entries ``(key, entry JSON)`` in one transaction (``replace``: the dictionary becomes
+        exactly these); returns how many entries the dictionary holds after.
+
+        Raises StoreError, with nothing written, when the dictionary would hold more than ``limit`` entries.
+        """
+        _check_scope(scope)
+
+        def run(c: sqlite3.Connection) -> int:
+            if replace:
+                c.execute("DELETE FROM pronunciations WHERE scope = ? AND owner_id = ?", (scope, owner_id))
+            for key, entry in entries:  # an updated entry moves to the end: lists show the latest last
+                c.execute("DELETE FROM pronunciations WHERE scope = ? AND owner_id = ? AND key = ?",
+                          (scope, owner_id, key))
+                c.execute("INSERT INTO pronunciations (scope, owner_id, key, entry) VALUES (?, ?, ?, ?)",
+                          (scope, owner_id, key, entry))
+            (count,) = c.execute("SELECT COUNT(*) FROM pronunciations WHERE scope = ? AND owner_id = ?",
+                                 (scope, owner_id)).fetchone()
+            if count > limit:  # raising rolls the whole transaction back
+                raise StoreError(f"the dictionary would hold {count:,} entries; the limit is {limit:,}: remove some "
+                                 "first (or import with replace)")
+            return int(count)
+
+        return await self._write(run)
+
+    async def remove_pronunciation(self, scope: str, owner_id: int, key: str) -> bool:
+        """Remove one entry by its match key; False when there was none."""
+        _check_scope(scope)
+        return await self._write(lambda c: c.execute(
+            "DELETE FROM pronunciations WHERE scope = ? AND owner_id = ? AND key = ?", (scope, owner_id, key)
+        ).rowcount == 1)
+
     # restart journal
 
     async def write_journal(self, entries: Sequence[JournalEntry]) -> int:
@@ -758,6 +808,11 @@ class Store:
             log.warning("database checkpoint after a delete was blocked by a reader; it completes later")
 
 
+def _check_scope(scope: str) -> None:
+    if scope not in ("guild", "user"):
+        raise ValueError(f"scope must be guild or user, got {scope!r}")
+
+
 def _copy_default(value: Any) -> Any:
     """A fresh copy of a mutable default."""
     return dict(value) if isinstance(value, dict) else value
@@ -788,6 +843,8 @@ def _forget_user_rows(c: sqlite3.Connection, user_id: int, counts: dict[str, int
     ):
         n = c.execute(f"DELETE FROM {table} WHERE {column} = ?", (user_id,)).rowcount
         counts[table] = counts.get(table, 0) + n
+    n = c.execute("DELETE FROM pronunciations WHERE scope = 'user' AND owner_id = ?", (user_id,)).rowcount
+    counts["pronunciations"] = counts.get("pronunciations", 0) + n
     # the user as a bot with an assigned voice, or ids of theirs inside a guild's map
     counts["guild_settings"] = counts.get("guild_settings", 0) + _drop_from_bot_voices(c, user_id=user_id)
     return counts

@@ -210,6 +210,21 @@ class VoiceService:
         meta = await asyncio.to_thread(self.voices.meta, voice_id)
         return dict(meta["consent"])
 
+    async def references(self, voice_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """What each voice's stored reference is, by id (one trip off the event loop): ``start_s``-``end_s`` of a
+        ``clip_s`` upload, ``left_out_s`` of its speech left out and the ``kept`` line the person was told about it
+        ("" when only silence was trimmed; both absent for voices made before they were recorded), ``warnings``."""
+        def read() -> dict[str, dict[str, Any]]:
+            found: dict[str, dict[str, Any]] = {}
+            for voice_id in voice_ids:
+                try:
+                    found[voice_id] = dict(self.voices.meta(voice_id).get("reference") or {})
+                except VoiceNotFound:  # deleted since it was listed
+                    continue
+            return found
+
+        return await asyncio.to_thread(read)
+
     async def usable(self, guild_id: int, user_id: int) -> list[tuple[Voice, str]]:
         """``(voice, kind)`` for every voice the member can use in the guild, each once under its most personal
         kind (:data:`KIND_ORDER`: their own, the guild's server voices, voices shared with it, the operator's)."""

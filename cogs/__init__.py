@@ -12,5 +12,6 @@ EXTENSIONS: tuple[str, ...] = (
     "cogs.voices",  # /voice ..., /forget-me
     "cogs.settings",  # /settings, /set guild, /set user
     "cogs.phrases",  # /phrases add|list|remove
+    "cogs.pronounce",  # /pronounce add|remove|list|check|export|import
     "cogs.chat",  # /ask prompt|reset, answering mentions (chat model)
 )

@@ -30,7 +30,7 @@ from cogs.base import (
     usable_voices,
     voice_autocomplete,
 )
-from synthesis import SpeechError, Voice
+from synthesis import SpeechError, Voice, speakable_languages
 
 if TYPE_CHECKING:
     from bot import VoiceBot
@@ -76,7 +76,7 @@ PREVIEW_SENTENCES: dict[str, str] = {
     "ko": "안녕하세요! 제 목소리는 이렇습니다.",
     "yue": "你好！呢個就係我把聲。",
 }
-LANGUAGE_CHOICES = [
+LANGUAGE_CHOICES = [  # only what this build can read: Discord offers nothing that would fail after consent
     app_commands.Choice(name=label, value=value)
     for value, label in (
         ("auto", "detect automatically"),
@@ -86,6 +86,7 @@ LANGUAGE_CHOICES = [
         ("ko", "Korean"),
         ("yue", "Cantonese"),
     )
+    if value in speakable_languages()
 ]
 _STAGES = {
     "decoding": "Preparing your clip…",
@@ -355,8 +356,15 @@ class VoiceCog(ReplyingCog):
         self._pending.pop(member.id, None)
         voice = made.voice
         where = "a server voice here" if server else "your voice"
-        lines = [f"**{voice.name}** is ready as {where}. Hear it with `/voice preview {voice.name}`."]
+        # a transcript was given but not stored: the clip had more speech than the seconds kept (the first note)
+        dropped = bool(transcript or pending) and not voice.prompt_text
+        without = ", without its transcript (see the first note)" if dropped else ""
+        lines = [f"**{voice.name}** is ready as {where}{without}. Hear it with `/voice preview {voice.name}`."]
         lines += [f"Note: {w}" for w in made.warnings]
+        if dropped:
+            lines.append(f"To give it a transcript: trim your recording to the seconds it uses, remove this voice with "
+                         f"`/voice delete {voice.name}`, and run `/voice clone` again with the words said in them as "
+                         "`transcript`.")
         progress.set("clone", "\n".join(lines))
         if made.phrases is not None:
             self._show_precompute(voice, made.phrases, made.phrase_count, progress)
@@ -475,6 +483,8 @@ class VoiceCog(ReplyingCog):
             notes = [c.kind]
             if c.kind == "yours" and c.voice.id in shared_here:
                 notes.append("shared here")
+            if c.kind == "yours" and not c.voice.prompt_text:
+                notes.append("no transcript")
             mark = " ← you speak with this" if c.voice.id == current else ""
             lines.append(f"• **{c.voice.name}** ({', '.join(notes)}){mark}")
         await send_ephemeral(interaction, "\n".join(lines)[:2000])

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from synthesis.cluster import ClusterOptions
     from synthesis.remote import RemoteSynthesizer, connect_cluster
     from synthesis.scheduler import DeviceWorker
-    from synthesis.text import Lexicon, LexiconError, explain_text, make_entry, text_to_phonemes
+    from synthesis.text import (Lexicon, LexiconError, check_speakable, explain_text, make_entry, speakable_languages,
+                                text_to_phonemes)
     from synthesis.voices import VoiceError, VoiceStore, check_name
 
 __all__ = [
@@ -53,6 +54,8 @@ __all__ = [
     "text_to_phonemes",
     # pronunciation dictionaries (guild, user, HTTP API) and the report of what will be said
     "Lexicon", "LexiconError", "make_entry", "explain_text",
+    # the languages this build can read (packages found), checked before consent, downloads and model loads
+    "speakable_languages", "check_speakable",
 ]
 
 _LAZY = {  # name -> the module that defines it, imported on first use
@@ -65,7 +68,7 @@ _LAZY = {  # name -> the module that defines it, imported on first use
     "encode_audio": "synthesis.audio", "StreamEncoder": "synthesis.audio",
     "text_to_phonemes": "synthesis.text",
     "Lexicon": "synthesis.text", "LexiconError": "synthesis.text", "make_entry": "synthesis.text",
-    "explain_text": "synthesis.text",
+    "explain_text": "synthesis.text", "speakable_languages": "synthesis.text", "check_speakable": "synthesis.text",
 }
 
 

@@ -51,6 +51,15 @@ FRAME_S = 0.02  # s, analysis frame (and cut granularity) for voice activity
 SILENCE_DBFS = -60.0  # dBFS, a clip whose loudest frame is quieter than this is silent
 MIN_DYNAMIC_DB = 6.0  # dB, loud frames must stand this far above the floor to count as speech at all
 VAD_THRESHOLD = 0.5  # Silero VAD probability at or above which a frame is voiced (the model's own default)
+# s, voiced frames are widened by this each side: the detector's probability rises a frame after a voice starts
+# (measured on the committed speech: the first 20 ms of a word after silence), so without it a cut lands in the
+# word's first sound. Silero's own timestamps pad by 30 ms; this is the next whole frame.
+VAD_PAD_S = 0.04
+# s of voice (padded frames) the detector must hear in a clip for it to hold speech at all: music, tones and noise
+# give none or a stray frame (0.0 s for every fixture in tests/audio_samples.NOT_A_VOICE), a word or two of real
+# speech gives about this much. Below it the clip is refused as music, tones or noise; above it and under ``min_s``
+# of speech, as too little speech.
+MIN_VOICE_S = 0.5
 SPEECH_FRACTION = 0.35  # speech threshold sits this fraction of the way from the noise floor to the loud level
 GAP_FILL_S = 0.4  # s, pauses this short inside speech count as speech (between words)
 MIN_ISLAND_S = 0.1  # s, louder bursts shorter than this are clicks, not speech
@@ -59,6 +68,18 @@ PAUSE_WEIGHT = 1.5  # score cost per second of long pause inside a candidate str
 CUT_COST_S = 0.5  # score cost (in seconds of speech) of cutting through full-level speech at a stretch edge
 NOISY_SNR_DB = 15.0  # dB, speech-to-noise ratio below which a noise warning is given
 TURN_MARGIN_S = 0.5  # s, speech this close to a change of speaker is left out of the reference (see _one_speaker)
+# s of speech the kept stretch may leave out and still keep the clip's transcript. A transcript covers the whole
+# upload; once a word of it lies outside the kept audio, GPT-SoVITS is told words the reference does not say, and
+# a real voice garbles or repeats them. A word said on its own lasts 0.15 s or more; under that the left-out
+# "speech" is a stray island of the mask (a breath or lip noise the detector hears, at least MIN_ISLAND_S long).
+MAX_LEFT_OUT_S = 0.15
+# What the person is told when the detector is missing (synthesis.vad.model_path() None, or its model failed to load)
+NO_DETECTOR_WARNING = (
+    "this bot's voice detector (silero-vad) is not installed, so speech was told from music and noise by loudness "
+    "alone; listen to the voice with a preview, and ask the bot's operator to install silero-vad"
+)
+MIN_NOISE_S = 0.2  # s of pause inside the kept stretch needed to measure its noise floor from pauses alone
+NOISE_PERCENTILE = 10.0  # %, without enough pause, the floor is this percentile of the stretch's frame levels
 FULL_SCALE = 0.999  # |x| at or above this is a full-scale (clipped) sample
 NEAR_PEAK = 0.99  # samples within 1 % of the clip's own peak count as flat-topped (clipped after attenuation)
 CLIP_WARN_FRACTION = 0.005  # fraction of speech samples clipped above which a clipping warning is given
@@ -120,8 +141,13 @@ class Reference:
     wav32k: ``[N]`` float32 @ 32 kHz (SoVITS rate, for ``ge``), peak <= :data:`PEAK_CEILING`.
     wav16k: ``[M]`` float32 @ 16 kHz (HuBERT rate, for the prompt tokens), the same audio.
     duration_s: seconds of ``wav32k``.
-    warnings: human-readable problems that did not prevent use (clipping, noise, very quiet, two speakers).
+    warnings: human-readable problems of the kept audio that did not prevent use (clipping, noise, very quiet, a
+        second speaker in it, speech found by loudness alone).
     start_s, end_s: where the stretch lies in the decoded upload, seconds.
+    clip_s: seconds of the decoded upload.
+    left_out_s: seconds of the upload's speech outside the stretch (another speaker's, or past ``max_s``).
+    kept: one line for the person, saying which seconds were kept and why, when more than
+        :data:`MAX_LEFT_OUT_S` of speech was left out; "" when only silence or non-speech sound was trimmed.
     """
 
     wav32k: np.ndarray
@@ -130,6 +156,15 @@ class Reference:
     warnings: list[str] = field(default_factory=lambda: [])
     start_s: float = 0.0
     end_s: float = 0.0
+    clip_s: float = 0.0
+    left_out_s: float = 0.0
+    kept: str = ""
+
+    @property
+    def speech_left_out(self) -> bool:
+        """More than :data:`MAX_LEFT_OUT_S` of the upload's speech lies outside the kept audio, so a transcript of
+        the upload says words the reference does not."""
+        return self.left_out_s > MAX_LEFT_OUT_S
 
 
 # =============================================================================================================
@@ -496,10 +531,15 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
     """Turn a decoded upload into a model-ready reference clip.
 
     Steps: remove DC, resample to 32 kHz, find speech (frames the voice detector, :mod:`synthesis.vad`, hears as a
-    voice and that stand out of the clip's own noise floor; by loudness alone when the detector hears no voice),
-    refuse silence / steady noise / too little speech, keep one speaker's turn when there are several
+    voice and that stand out of the clip's own noise floor), refuse silence / steady sound / a clip the detector
+    hears no voice in (music, tones, noise) / too little speech, keep one speaker's turn when there are several
     (:mod:`synthesis.speakers`), pick the best ``min_s``-``max_s`` stretch (the most continuous speech, cut in pauses
-    or outside it), normalise loudness without clipping, fade the cut points.
+    or outside it), measure the speech it leaves out, normalise loudness without clipping, fade the cut points.
+
+    Without the detector (``synthesis.vad.model_path()`` is None: silero-vad not installed, or its model failed to
+    load) speech is found by loudness alone: music or tones with pauses are accepted as speech, speakers are not told
+    apart, a loud non-speech sound outside the stretch counts as left-out speech (so a transcript is dropped rather
+    than trusted), and the Reference carries :data:`NO_DETECTOR_WARNING` for the person.
 
     Parameters
     ----------
@@ -508,12 +548,15 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
 
     Returns
     -------
-    Reference, with warnings for heavy clipping, loud background noise, a very quiet recording or more than one
-    speaker.
+    Reference: its ``kept`` line says which seconds were kept and why when speech was left out (then
+    ``speech_left_out`` is True and a transcript of the upload does not match it); warnings, measured on the kept
+    stretch, for heavy clipping, loud background noise, a very quiet recording, a second speaker still in it, or no
+    detector.
 
     Raises
     ------
-    AudioInputError: the clip is silent, has no speech, or less than ``min_s`` of it (of any one speaker).
+    AudioInputError: the clip is silent, a steady sound, has no voice (music, tones, noise), or less than ``min_s``
+        of speech (of any one speaker).
     """
     if not 0 < min_s <= max_s:
         raise ValueError(f"need 0 < min_s <= max_s, got {min_s}, {max_s}")
@@ -540,18 +583,24 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
             "speaking in a quiet room"
         )
     voice = _voice_frames(x, n_frames)  # [F] bool, or None without the VAD model
-    by_voice = voice is not None and float(voice.sum()) * FRAME_S >= min_s
-    if by_voice:
-        # The voice detector found enough speech: only voiced frames count, so a noise burst, music or another
-        # loud sound beside the speech is a pause to the stretch choice, never "speech" (an energy gate's mistake).
+    warnings: list[str] = []
+    if voice is None:
+        # No detector (silero-vad missing or broken): speech is whatever stands out of the noise floor, so music or
+        # a tone with pauses passes for a voice and speakers are not told apart. The person is told so.
+        warnings.append(NO_DETECTOR_WARNING)
+    else:
+        voice_s = float(voice.sum()) * FRAME_S
+        if voice_s < MIN_VOICE_S:
+            raise AudioInputError(
+                f"no speech found: the voice detector hears no one speaking in this {dec.duration_s:.1f} s clip "
+                f"({voice_s:.1f} s of voice), only music, tones or noise; record yourself speaking"
+            )
+        # Only voiced frames count, so a noise burst, music or another loud sound beside the speech is a pause to
+        # the stretch choice, never "speech" (an energy gate's mistake).
         loud_db = float(np.percentile(db[voice], 99))
-    elif voice is not None:
-        # It hears (almost) no voice (a synthetic signal, singing, an unusual voice): loudness alone decides.
-        log.info("the voice detector heard %.1f s of speech; choosing the reference by loudness",
-                 float(voice.sum()) * FRAME_S)
     threshold = max(floor_db + SPEECH_FRACTION * (loud_db - floor_db), SILENCE_DBFS)
     loud = db > threshold  # [F] bool, stands out of the noise floor
-    speech = _clean_mask(loud & voice if by_voice and voice is not None else loud)  # [F] bool
+    speech = _clean_mask(loud if voice is None else loud & voice)  # [F] bool
     speech_s = float(speech.sum()) * FRAME_S
     if speech_s < min_s:
         raise AudioInputError(
@@ -561,15 +610,24 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
 
     # Speakers are told apart only in frames the detector hears as a voice: without it, a noise burst or music
     # would count as "another speaker".
-    one_voice = _one_speaker(x, speech, loud, min_s, max_s) if by_voice else None  # [F] bool, or None: one voice
-    start, end = _best_stretch(db, speech if one_voice is None else one_voice, loud, floor_db, loud_db, min_s, max_s)
-    warnings = _quality_warnings(src, dec.sample_rate, db, speech, start, end)
+    one_voice = _one_speaker(x, speech, loud, min_s, max_s) if voice is not None else None  # [F] bool, or None
+    kept_speech = speech if one_voice is None else one_voice
+    start, end = _best_stretch(db, kept_speech, loud, floor_db, loud_db, min_s, max_s)
+    warnings += _quality_warnings(src, dec.sample_rate, db, speech, start, end)
     if one_voice is not None:
-        warnings.append(
-            f"the clip has more than one speaker; the voice uses {(end - start) * FRAME_S:.1f} s of the one who "
-            f"speaks longest ({start * FRAME_S:.1f}-{end * FRAME_S:.1f} s): for a faithful voice, upload a clip of "
-            "one person alone"
-        )
+        warnings += _second_speaker(x, speech & loud, start, end)
+    end_s = min(end * FRAME_S, dec.duration_s)
+    left_out_s = float(speech[:start].sum() + speech[end:].sum()) * FRAME_S  # everyone's speech outside the stretch
+    kept = ""
+    if left_out_s > MAX_LEFT_OUT_S:
+        own_left_out_s = float(kept_speech[:start].sum() + kept_speech[end:].sum()) * FRAME_S
+        what = (f"the most continuous part of its {speech_s:.1f} s of speech (GPT-SoVITS takes {min_s:g}-{max_s:g} s)"
+                if one_voice is None else "the one who speaks longest" if own_left_out_s <= MAX_LEFT_OUT_S else
+                f"the most continuous part of the one who speaks longest (GPT-SoVITS takes {min_s:g}-{max_s:g} s)")
+        kept = (f"{'the clip has more than one speaker; ' if one_voice is not None else ''}the voice uses seconds "
+                f"{start * FRAME_S:.1f}-{end_s:.1f} of the {dec.duration_s:.1f} s clip, {what}, and leaves out "
+                f"{left_out_s:.1f} s of speech")
+        log.info("reference: %s", kept)
 
     clip = x[start * hop : end * hop].astype(np.float32, copy=True)
     in_clip = speech[start:end]
@@ -594,7 +652,10 @@ def prepare_reference(dec: Decoded, *, min_s: float = 3.0, max_s: float = 10.0) 
         duration_s=clip.size / SAMPLE_RATE,
         warnings=warnings,
         start_s=start * FRAME_S,
-        end_s=min(end * FRAME_S, dec.duration_s),
+        end_s=end_s,
+        clip_s=dec.duration_s,
+        left_out_s=left_out_s,
+        kept=kept,
     )
 
 
@@ -665,7 +726,26 @@ def _voice_frames(x: np.ndarray, n_frames: int) -> np.ndarray | None:
         return None
     centres = (np.arange(n_frames) + 0.5) * FRAME_S  # s
     idx = np.minimum((centres / VAD_FRAME_S).astype(np.int64), prob.size - 1)
-    return prob[idx] >= VAD_THRESHOLD
+    voiced = prob[idx] >= VAD_THRESHOLD
+    pad = int(round(VAD_PAD_S / FRAME_S))
+    padded = voiced.copy()
+    for k in range(1, pad + 1):  # widen each voiced run by ``pad`` frames each side (the detector's onset lag)
+        padded[:-k] |= voiced[k:]
+        padded[k:] |= voiced[:-k]
+    return padded
+
+
+def _second_speaker(x: np.ndarray, voiced: np.ndarray, start: int, end: int) -> list[str]:
+    """A warning when the kept frames ``[start, end)`` of ``x`` (32 kHz) still hold more than one speaker, told apart
+    on their ``voiced`` (loud speech) frames; [] when they hold one."""
+    hop = int(round(FRAME_S * SAMPLE_RATE))
+    seg = resample(x[start * hop : end * hop], SAMPLE_RATE, SSL_SAMPLE_RATE)
+    turns = speaker_turns(seg, SSL_SAMPLE_RATE, voiced[start:end], FRAME_S)
+    if len(turns) == 1:
+        return []
+    change_s = (start + turns[1][0]) * FRAME_S
+    return [f"the kept audio seems to hold a second speaker too (a change near second {change_s:.1f} of the clip); "
+            "for a faithful voice, upload a clip of one person alone"]
 
 
 def _best_stretch(
@@ -712,7 +792,7 @@ def _best_stretch(
 def _quality_warnings(
     src: np.ndarray, src_rate: int, db: np.ndarray, speech: np.ndarray, start: int, end: int
 ) -> list[str]:
-    """Clipping and noise warnings for the chosen stretch (clipping measured on the original samples)."""
+    """Clipping and noise warnings for the chosen stretch, both measured on it (clipping on the original samples)."""
     warnings: list[str] = []
     i0, i1 = int(start * FRAME_S * src_rate), int(end * FRAME_S * src_rate)
     seg = np.abs(src[i0:i1])
@@ -728,8 +808,12 @@ def _quality_warnings(
             )
     sel_db, sel_speech = db[start:end], speech[start:end]
     speech_db = float(np.median(sel_db[sel_speech]))
-    quiet = db[~speech]
-    noise_db = float(np.median(quiet)) if quiet.size >= 10 else float(np.percentile(db, 5))
+    # The noise that matters is the noise in the kept audio: a loud fan elsewhere in the upload is not in the voice.
+    pauses = sel_db[~sel_speech]
+    if pauses.size * FRAME_S >= MIN_NOISE_S:
+        noise_db = float(np.median(pauses))
+    else:  # speech without a long pause: the floor shows between syllables, in the stretch's quietest frames
+        noise_db = float(np.percentile(sel_db, NOISE_PERCENTILE))
     snr = speech_db - noise_db
     if snr < NOISY_SNR_DB:
         warnings.append(

@@ -103,7 +103,7 @@ CREATE TABLE IF NOT EXISTS voices (
     created TEXT NOT NULL,
     updated TEXT NOT NULL,
     consent TEXT NOT NULL,  -- JSON: user_id, text, at (ISO UTC), and the front-end's extras
-    reference TEXT NOT NULL  -- JSON: duration_s, start_s, end_s, warnings
+    reference TEXT NOT NULL  -- JSON: duration_s, start_s, end_s, clip_s, left_out_s, kept, warnings
 );
 CREATE INDEX IF NOT EXISTS voices_owner ON voices (owner_id, name_key);
 CREATE INDEX IF NOT EXISTS voices_name ON voices (name_key);
@@ -853,6 +853,9 @@ def _reference_dict(reference: Reference) -> dict[str, Any]:
         "duration_s": round(float(reference.duration_s), 3),
         "start_s": round(float(reference.start_s), 3),
         "end_s": round(float(reference.end_s), 3),
+        "clip_s": round(float(reference.clip_s), 3),  # the upload's length: start_s-end_s of clip_s were kept
+        "left_out_s": round(float(reference.left_out_s), 3),  # seconds of its speech outside them
+        "kept": reference.kept,  # the line the person was told about what was kept and why ("" when nothing was cut)
         "warnings": list(reference.warnings),
     }
 

@@ -6,6 +6,7 @@ the :class:`~synthesis.scheduler.DeviceWorker`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any, Callable, Coroutine, Mapping, Protocol, Sequence
 import numpy as np
 
 from engines import SAMPLE_RATE, SAMPLES_PER_TOKEN, SSL_SAMPLE_RATE, Engine, VoicePrompt
-from synthesis.audio import reference_from_upload, resample
+from synthesis.audio import Reference, reference_from_upload, resample
 from synthesis.precompute import precompute_phrases
 from synthesis.stages import Stages
 from synthesis.text import bert_features, text_to_phonemes
@@ -111,6 +112,22 @@ def _no_progress(stage: str, fraction: float) -> None:
     """A :data:`Progress` that reports nowhere."""
 
 
+def _told_what_was_kept(ref: Reference, has_transcript: bool) -> Reference:
+    """The reference with its ``kept`` line finished for the person: what became of the transcript, and the fix.
+
+    No ASR checks which words the kept seconds say, so a transcript of an upload whose speech was partly left out is
+    never stored (the voice is made reference-free); to keep one, the person sends only the seconds they want.
+    """
+    if not ref.kept:
+        return ref
+    if has_transcript:
+        tail = (", so its transcript was not stored and the voice is reference-free; to keep a transcript, send only "
+                "the seconds you want, with the words said in them")
+    else:
+        tail = "; to choose the part yourself, send only the seconds you want"
+    return dataclasses.replace(ref, kept=ref.kept + tail)
+
+
 class Voicing:
     """Creates, re-encodes, precomputes and deletes voices for the loaded model. One per synthesizer.
 
@@ -148,6 +165,9 @@ class Voicing:
                                       max_seconds=lim.max_upload_s, min_s=lim.min_speech_s, max_s=lim.max_speech_s)
         progress("encoding", 0.3)
         prompt_text = (order.transcript or order.enrollment_prompt or "").strip()
+        ref = _told_what_was_kept(ref, bool(prompt_text))
+        if ref.speech_left_out:
+            prompt_text = ""  # it covers words the kept audio does not say: GPT-SoVITS would garble or repeat them
         prompt = await self._encode_prompt(ref.wav16k, ref.wav32k, prompt_text, order.language)
         self._check_prompt_room(prompt.prompt_phones.size, prompt.prompt_tokens.size)
         progress("storing", 0.8)
@@ -156,7 +176,7 @@ class Voicing:
             prompt_text=prompt_text, model_id=self.engine.model_id, consent=order.consent,
             enrollment_prompt=order.enrollment_prompt, voice_id=order.voice_id)
         progress("done", 1.0)
-        return voice, list(ref.warnings)
+        return voice, [ref.kept, *ref.warnings] if ref.kept else list(ref.warnings)
 
     async def _encode_prompt(self, wav16k: np.ndarray, wav32k: np.ndarray, prompt_text: str,
                              language: str) -> VoicePrompt:

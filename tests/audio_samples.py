@@ -1,32 +1,65 @@
-"""Synthetic "speech" for tests: voiced harmonics in syllables with pauses, at a chosen pitch."""
+"""Speech for tests: the committed recordings (tests/data/speech), moved to a chosen pitch and length.
+
+An earlier generator made "speech" of harmonics in syllables; the voice detector (Silero VAD) hears little or none of
+that as a voice, and a clip it hears no voice in is refused like music (synthesis.audio.prepare_reference). Real
+recorded speech, pitch-shifted by the resample trick, is heard as a voice at every pitch the tests use.
+"""
 
 from __future__ import annotations
 
 import io
+from functools import cache
+from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+import soxr
+
+SPEECH_DIR = Path(__file__).resolve().parent / "data" / "speech"
+SPEECH_RATE = 16_000  # Hz, rate of the committed speech files
+BASE_F0_HZ = 89.0  # Hz, median pitch of speaker_a (synthesis.speakers.pitch over the whole file)
+WORD_GAP_S = 0.1  # s, a quieter stretch at least this long in a recording separates two words
+WORD_LEVEL = 0.01  # |x| of a recording (peak 0.5) below which it is a pause between words
+LOOP_PAUSE_S = 0.3  # s of pause where the recording starts over to fill a longer clip
 
 
-def speech_like(seconds: float = 4.0, f0: float = 140.0, seed: int = 0, sr: int = 32000) -> np.ndarray:
-    """``[N]`` float32: syllables (~180 ms) separated by short gaps, words by longer pauses."""
+def speech_like(seconds: float = 4.0, f0: float = 140.0, seed: int = 0, sr: int = 32000,
+                lead_s: float = 0.2) -> np.ndarray:
+    """``[N]`` float32 @ ``sr``: recorded speech (speaker_a) with a median pitch of ``f0`` Hz, peak about 0.5.
+
+    ``f0`` moves pitch, formants and tempo together (the recording played faster or slower: another voice to a
+    listener); ``seed`` picks the word it starts on. It starts after ``lead_s`` of pause and ends mid-word or in a
+    pause, over -54 dBFS room noise; the recording starts over after a short pause when ``seconds`` needs more.
+    """
+    words, onsets = _shifted(f0, sr)
     rng = np.random.default_rng(seed)
     n = int(seconds * sr)
-    t = np.arange(n) / sr
-    pitch = f0 * (1 + 0.06 * np.sin(2 * np.pi * 0.9 * t + seed))
-    phase = 2 * np.pi * np.cumsum(pitch) / sr
-    voiced = sum(np.sin(k * phase + rng.uniform(0, 6.28)) / k for k in range(1, 9))
-    env = np.zeros(n)
-    pos = int(0.2 * sr)
-    while pos < n - int(0.2 * sr):
-        for _ in range(rng.integers(1, 4)):  # a word of 1-3 syllables
-            length = int(rng.uniform(0.12, 0.25) * sr)
-            end = min(pos + length, n)
-            env[pos:end] = np.hanning(end - pos)
-            pos = end + int(0.04 * sr)
-        pos += int(rng.uniform(0.15, 0.35) * sr)
-    x = 0.3 * voiced * env + 0.002 * rng.standard_normal(n)
-    return x.astype(np.float32)
+    out = np.zeros(n, np.float32)
+    pos = int(lead_s * sr)
+    src = int(onsets[seed % len(onsets)])
+    while pos < n:
+        take = min(words.size - src, n - pos)
+        out[pos : pos + take] = words[src : src + take]
+        pos += take + int(LOOP_PAUSE_S * sr)
+        src = int(onsets[0])
+    out += (0.002 * rng.standard_normal(n)).astype(np.float32)
+    return out
+
+
+@cache
+def _shifted(f0: float, sr: int) -> tuple[np.ndarray, np.ndarray]:
+    """speaker_a at ``f0`` Hz, as ``sr`` samples, without its trailing pause; and the sample where each word starts."""
+    a = recorded_speech("speaker_a")
+    loud = np.flatnonzero(np.abs(a) > WORD_LEVEL)
+    a = a[: loud[-1] + 1]
+    factor = f0 / BASE_F0_HZ  # played this much faster: pitch and formants times factor
+    x = np.asarray(soxr.resample(a, SPEECH_RATE * factor, sr), np.float32)
+    hop = int(0.01 * sr)
+    level = np.abs(x[: x.size // hop * hop]).reshape(-1, hop).max(axis=1)  # [F] peak per 10 ms
+    quiet = level < WORD_LEVEL
+    gap = int(WORD_GAP_S / 0.01)
+    onsets = [0] + [i * hop for i in range(gap, quiet.size) if not quiet[i] and quiet[i - gap : i].all()]
+    return x, np.asarray(sorted(set(onsets)), np.int64)
 
 
 def speech_like_wav(seconds: float = 4.0, f0: float = 140.0, seed: int = 0, sr: int = 32000) -> bytes:
@@ -37,9 +70,6 @@ def speech_like_wav(seconds: float = 4.0, f0: float = 140.0, seed: int = 0, sr: 
 
 
 # --- recorded speech (tests/data/speech, two espeak-ng voices) and uploads built around it --------------------------
-
-SPEECH_DIR = __import__("pathlib").Path(__file__).resolve().parent / "data" / "speech"
-SPEECH_RATE = 16_000  # Hz, rate of the committed speech files
 
 
 def recorded_speech(name: str = "speaker_a") -> np.ndarray:
@@ -102,3 +132,63 @@ def upload_scenarios(sr: int = SPEECH_RATE) -> dict[str, tuple[np.ndarray, list[
         "speech then music": build(30.0, [(1.0, b, "speech_b"), (10.3, music, "music")]),
         "two speakers": build(24.0, [(1.0, a, "speech_a"), (10.5, b, "speech_b")]),
     }
+
+
+# --- sounds that are not a voice: loud, with pauses like speech, so only the voice detector can refuse them -----------
+
+
+def plucked_melody(seconds: float, sr: int, seed: int = 0) -> np.ndarray:
+    """``[N]`` float32: a melody of plucked notes (harmonics that decay), 0.15-0.4 s each, some with a rest after."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * sr)
+    out = np.zeros(n)
+    pos = 0
+    while pos < n:
+        length = min(int(rng.uniform(0.15, 0.4) * sr), n - pos)
+        t = np.arange(length) / sr
+        f = 196.0 * 2 ** (rng.integers(0, 15) / 12)  # G3 and up, on the scale's semitones
+        note = sum(np.sin(2 * np.pi * f * k * t) * 0.6**k for k in range(1, 7)) * np.exp(-t / 0.12)
+        out[pos : pos + length] += note
+        pos += length + (int(rng.uniform(0.1, 0.3) * sr) if rng.random() < 0.4 else 0)
+    return (0.3 * out / np.max(np.abs(out))).astype(np.float32)
+
+
+def beeps(seconds: float, sr: int, hz: float = 1000.0, on_s: float = 0.2, off_s: float = 0.15) -> np.ndarray:
+    """``[N]`` float32: a pure tone switched on and off (a phone's beeps, a test tone with gaps)."""
+    n = int(seconds * sr)
+    t = np.arange(n) / sr
+    on = (t % (on_s + off_s)) < on_s
+    return (0.3 * np.sin(2 * np.pi * hz * t) * on).astype(np.float32)
+
+
+def noise_bursts(seconds: float, sr: int, seed: int = 0) -> np.ndarray:
+    """``[N]`` float32: bursts of noise with a square-wave buzz, 80-250 ms long and 30-120 ms apart, in word-like
+    groups: loud and rhythmic like speech, but no voice."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(int(seconds * sr), np.float32)
+    pos = 0
+    while True:
+        n = int(rng.uniform(0.08, 0.25) * sr)
+        if pos + n > out.size:
+            break
+        t = np.arange(n) / sr
+        env = np.sin(np.pi * np.arange(n) / n) ** 0.5
+        buzz = np.sign(np.sin(2 * np.pi * rng.uniform(100, 220) * t)) * 0.5 + rng.standard_normal(n)
+        out[pos : pos + n] = (0.2 * rng.uniform(0.5, 1.0) * env * buzz / 1.5).astype(np.float32)
+        pos += n + int(rng.uniform(0.03, 0.12) * sr)
+    return out
+
+
+def _rests(seconds: float, sr: int, bar_s: float = 1.0, rest_s: float = 0.25) -> np.ndarray:
+    """``[N]`` float32 gate: 1, then 0 for the last ``rest_s`` of every ``bar_s``."""
+    t = np.arange(int(seconds * sr)) / sr
+    return ((t % bar_s) < bar_s - rest_s).astype(np.float32)
+
+
+NOT_A_VOICE = {  # name: (seconds, sr) -> [N] float32, each long enough to hold 3-10 s of "speech" by loudness
+    "music (plucked melody)": lambda s, sr: plucked_melody(s, sr, seed=1),
+    "music (chords with rests)": lambda s, sr: _music_like(s, sr, seed=3) * _rests(s, sr),
+    "beeps (1 kHz with gaps)": lambda s, sr: beeps(s, sr),
+    "low beeps (220 Hz with gaps)": lambda s, sr: beeps(s, sr, hz=220.0, on_s=0.3, off_s=0.2),
+    "noise bursts with a buzz": lambda s, sr: noise_bursts(s, sr, seed=7),
+}

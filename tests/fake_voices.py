@@ -15,12 +15,14 @@ from synthesis.types import Voice, VoiceNotFound
 __all__ = ["FakeVoices", "make_voice"]
 
 
-def make_voice(name: str, owner_id: int = 0, *, voice_id: str | None = None, model_id: str = "fake") -> Voice:
-    """A voice with an empty prompt (no reference tokens); ``model_id`` is free for a fake synthesizer's use."""
+def make_voice(name: str, owner_id: int = 0, *, voice_id: str | None = None, model_id: str = "fake",
+               prompt_text: str = "") -> Voice:
+    """A voice with an empty prompt (no reference tokens); ``model_id`` is free for a fake synthesizer's use;
+    ``prompt_text`` is the transcript it records ("" = reference-free)."""
     empty = VoicePrompt(np.zeros(0, np.int64), np.zeros((512, 1), np.float32), np.zeros(0, np.int64),
                         np.zeros((1024, 0), np.float32))
     return Voice(id=voice_id or uuid.uuid4().hex, name=name, owner_id=owner_id, version=1, language="en",
-                 prompt_text="", prompt=empty, model_id=model_id)
+                 prompt_text=prompt_text, prompt=empty, model_id=model_id)
 
 
 class FakeVoices:
@@ -33,8 +35,9 @@ class FakeVoices:
         for v in voices:
             self._put(v)
 
-    def add(self, name: str, owner_id: int = 0, voice_id: str | None = None) -> Voice:
-        return self._put(make_voice(name, owner_id, voice_id=voice_id or f"v{len(self.by_id) + 1:03d}"))
+    def add(self, name: str, owner_id: int = 0, voice_id: str | None = None, prompt_text: str = "") -> Voice:
+        return self._put(make_voice(name, owner_id, voice_id=voice_id or f"v{len(self.by_id) + 1:03d}",
+                                    prompt_text=prompt_text))
 
     def get(self, voice_id: str) -> Voice:
         try:
@@ -47,6 +50,11 @@ class FakeVoices:
             if v.name == name and (owner_id is None or v.owner_id == owner_id):
                 return v
         raise VoiceNotFound(f"no voice named {name!r}")
+
+    def meta(self, voice_id: str) -> dict:
+        """The store's metadata of a voice, as far as a fake has it: no reference clip, so no reference facts."""
+        voice = self.get(voice_id)
+        return {"id": voice.id, "name": voice.name, "prompt_text": voice.prompt_text, "reference": {}}
 
     def list(self, owner_id: int | None = None) -> list[Voice]:
         return [v for v in self.by_id.values() if owner_id is None or v.owner_id == owner_id]

@@ -41,7 +41,8 @@ from aiohttp import web
 
 from bot.config import Config
 from bot.http.responses import ApiError, pydantic_message, services_of, stream_audio, whole_audio
-from synthesis import LANGUAGES, SPLIT_METHODS, SynthesisParams, Voice, VoiceNotFound
+from synthesis import (LANGUAGES, SPLIT_METHODS, SpeechError, SynthesisParams, Voice, VoiceNotFound,
+                       check_speakable)
 
 if TYPE_CHECKING:
     from bot.voice_service import VoiceService
@@ -164,17 +165,23 @@ def _range(lo: int | None, hi: int | None) -> str:
     return ""
 
 
-def base_params(config: Config) -> SynthesisParams:
-    """The server's default :class:`SynthesisParams` (config ``synthesis:``)."""
-    return config.synthesis.params
+def base_params(config: Config, services: Any = None) -> SynthesisParams:
+    """The server's default :class:`SynthesisParams` (config ``synthesis:``), with the HTTP API's pronunciation
+    dictionary (``http.pronunciations``, re-read when the file changes) when ``services`` has one that is not empty."""
+    file = getattr(services, "pronunciations", None)
+    lexicon = file.current() if file is not None else None
+    return dataclasses.replace(config.synthesis.params, lexicon=lexicon) if lexicon else config.synthesis.params
 
 
 def make_params(base: SynthesisParams, **changes: Any) -> SynthesisParams:
-    """``base`` with ``changes``; a value SynthesisParams refuses becomes a 400."""
+    """``base`` with ``changes``; a value SynthesisParams refuses, or a language this build cannot read (a package
+    missing), becomes a 400 before any work is done."""
     try:
-        return dataclasses.replace(base, **changes)
-    except ValueError as e:
+        params = dataclasses.replace(base, **changes)
+        check_speakable(params.language)
+    except (ValueError, SpeechError) as e:
         raise ApiError(400, str(e)) from e
+    return params
 
 
 def check_text(text: str, config: Config, name: str = "text") -> str:
@@ -319,6 +326,13 @@ def streaming_mode(value: Any) -> int:
 _Num = pydantic.Field  # shorthand for the constrained fields below
 
 
+def refuse_bool(value: Any) -> Any:
+    """A pydantic ``before`` check for number fields: JSON true/false is not 1/0 (pydantic's lax mode takes it)."""
+    if isinstance(value, bool):
+        raise ValueError("input should be a number, not true or false")
+    return value
+
+
 class TtsParams(pydantic.BaseModel):
     """upstream api_v2's ``TTS_Request``, with its lax coercion (``"5"``, ``5.0``, ``"true"`` all arrive as the field's
     type) and this server's ranges. ``None`` means "the server's default" (config ``synthesis:``)."""
@@ -359,6 +373,13 @@ class TtsParams(pydantic.BaseModel):
         except ApiError as e:
             raise ValueError(str(e)) from None
 
+    @pydantic.field_validator("top_k", "top_p", "temperature", "batch_size", "batch_threshold", "speed_factor",
+                              "fragment_interval", "seed", "repetition_penalty", "sample_steps", "overlap_length",
+                              "min_chunk_length", "noise_scale", mode="before")
+    @classmethod
+    def _no_bool(cls, value: Any) -> Any:
+        return refuse_bool(value)
+
     @pydantic.field_validator("text_lang", "prompt_lang", "text_split_method", "media_type", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
@@ -392,7 +413,7 @@ async def parse_tts(values: Mapping[str, Any], services: Any, *,
     """Validate every api_v2 parameter (see the module docstring) and resolve the voice."""
     config: Config = services.config
     voices = voices_of(services)
-    base = base_params(config)
+    base = base_params(config, services)
     try:
         q = TtsParams.model_validate(_request_values(values))
     except pydantic.ValidationError as e:

@@ -11,13 +11,17 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import re
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable
+import uuid
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from bot.config import ConfigError
-from bot.http import api_v2, elevenlabs, guard, openai_speech, sillytavern, stream_input
+from bot.http import (api_v2, elevenlabs, elevenlabs_multi, elevenlabs_rest, guard, openai_speech, pronunciations,
+                      sillytavern, stream_input)
 from bot.http.metrics import HttpMetrics
 from bot.http.responses import (METRICS, REQUEST_T0, SERVICES, ApiError, error_for, json_error, protocol_of,
                                 services_of)
@@ -29,8 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # a client's X-Request-Id that is echoed back
 ENDPOINTS = ("/tts, /speakers, /v1/audio/speech, /v1/audio/models, /v1/audio/voices, /v1/models, "
-             "/v1/tts/stream-input, /v1/text-to-speech/{voice}/stream-input, /healthz or /metrics")
+             "/v1/tts/stream-input, /v1/text-to-speech/{voice}[/stream, /stream-input, /multi-stream-input], "
+             "/pronunciations, /phonemes, /healthz or /metrics")
 
 
 @web.middleware
@@ -117,6 +123,26 @@ async def _cors_headers(request: web.Request, response: web.StreamResponse) -> N
         response.headers["Vary"] = "Origin"
 
 
+async def _request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response names its request: the client's own ``X-Request-Id`` when it is a plain token, else a new
+    one (LiveKit warns on every answer without it)."""
+    given = request.headers.get("X-Request-Id", "")
+    response.headers["X-Request-Id"] = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+class _QuietBadRequests(logging.Filter):
+    """aiohttp logs a malformed request (a bad request line, header or chunk) with a traceback: one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError) and getattr(error, "code", 400) < 500:
+            what = (str(error.message).strip().splitlines() or [type(error).__name__])[0]
+            record.msg, record.args, record.exc_info, record.exc_text = "malformed request refused: %s", (what,), \
+                None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
 async def _metrics(request: web.Request) -> web.Response:
     body, content_type = request.app[METRICS].render(request.headers.get("Accept", ""))
     return web.Response(body=body, headers={"Content-Type": content_type})
@@ -141,11 +167,15 @@ def create_app(services: Services) -> web.Application:
     app[METRICS] = HttpMetrics(lambda: services.synthesizer.metrics())  # read at each scrape
     guard.setup(app, config.secret(config.http.token_env))
     app.on_response_prepare.append(_cors_headers)
+    app.on_response_prepare.append(_request_id)
     api_v2.add_routes(app, config)
     sillytavern.add_routes(app)
     openai_speech.add_routes(app)
     stream_input.add_routes(app)
     elevenlabs.add_routes(app)
+    elevenlabs_multi.add_routes(app)
+    elevenlabs_rest.add_routes(app)
+    pronunciations.add_routes(app, services)
     app.router.add_get("/metrics", _metrics, name="meta:metrics")
     app.router.add_get("/healthz", _healthz, name="meta:healthz")
     return app
@@ -161,6 +191,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_bind(config: Any, host: str | None = None) -> None:
+    """Raise :class:`ConfigError` when the API would listen beyond loopback without a token (``serve`` calls this
+    before loading any model, so the refusal comes at once)."""
+    bind: str = host or config.http.host
+    if not is_loopback(bind) and config.secret(config.http.token_env) is None:
+        raise ConfigError(f"the HTTP API would listen on {bind}, which other machines can reach, without a token: "
+                          f"set the environment variable {config.http.token_env} (http.token_env) to a long random "
+                          "secret, or bind to 127.0.0.1 (http.host / --host)")
+
+
 async def start_server(services: Services, host: str | None = None, port: int | None = None) -> web.AppRunner:
     """Start the API on ``host:port`` (default ``http.host``/``http.port``); returns the runner to ``cleanup()``.
 
@@ -169,11 +209,10 @@ async def start_server(services: Services, host: str | None = None, port: int | 
     config = services.config
     host = host or config.http.host
     port = config.http.port if port is None else port
-    if not is_loopback(host) and config.secret(config.http.token_env) is None:
-        raise ConfigError(f"the HTTP API would listen on {host}, which other machines can reach, without a token: "
-                          f"set the environment variable {config.http.token_env} (http.token_env) to a long random "
-                          "secret, or bind to 127.0.0.1 (http.host / --host)")
+    check_bind(config, host)
     app = create_app(services)
+    if not any(isinstance(f, _QuietBadRequests) for f in logging.getLogger("aiohttp.server").filters):
+        logging.getLogger("aiohttp.server").addFilter(_QuietBadRequests())
     # keepalive_timeout also runs from the connection's start until a whole request head has arrived
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            keepalive_timeout=config.http.idle_timeout_s)

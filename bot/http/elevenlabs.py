@@ -46,13 +46,16 @@ OUTPUT_FORMATS: dict[str, tuple[str, int]] = {
     "alaw_8000": ("alaw", 8000),
     **{f"opus_48000_{kbps}": ("opus", 48000) for kbps in (32, 64, 96, 128, 192)},
 }
-IGNORED = ("model_id", "sync_alignment", "auto_mode", "apply_text_normalization", "enable_logging",
-           "enable_ssml_parsing", "optimize_streaming_latency")
+IGNORED = ("model_id", "sync_alignment", "auto_mode", "apply_text_normalization", "apply_language_text_normalization",
+           "enable_logging", "enable_ssml_parsing", "optimize_streaming_latency")
 PARAMETERS = ("output_format", "inactivity_timeout", "language_code", "seed") + IGNORED + guard.QUERY_CREDENTIALS
 FRAME_KEYS = ("text", "flush", "try_trigger_generation", "voice_settings", "generation_config", "xi_api_key",
-              "authorization", "pronunciation_dictionary_locators")
+              "xi-api-key", "authorization", "pronunciation_dictionary_locators")
 VOICE_SETTINGS = ("stability", "similarity_boost", "style", "use_speaker_boost", "speed")
 MAX_INACTIVITY_S = 180  # ElevenLabs' own bound on inactivity_timeout
+# HTTP-style status -> the "error" of ElevenLabs' WebSocket error messages
+ERROR_KINDS = {400: "invalid_request", 401: "invalid_api_key", 429: "rate_limited", 503: "system_busy",
+               504: "timeout"}
 _LANGUAGE_CODES = {"en": "en", "zh": "zh", "ja": "ja", "ko": "ko", "yue": "yue", "cmn": "zh"}
 
 
@@ -72,18 +75,13 @@ class ElevenLabsDialect:
                                 f"{', '.join(FRAME_KEYS)}")
         first, self._first = self._first, False
         if self._auth_pending:
-            key = message.get("xi_api_key") or message.get("authorization") or ""
-            key = key[7:].strip() if isinstance(key, str) and key[:7].lower() == "bearer " else key
-            if not isinstance(key, str) or not key:
-                raise ApiError(401, "this API needs a key: send the xi-api-key header, or xi_api_key in the first "
-                                    "frame")
-            guard.verify_token(self._request, key)
+            verify_frame_key(self._request, message)
             self._auth_pending = False
         speed = None
         if "voice_settings" in message or "generation_config" in message:
             if not first:
                 raise ApiError(400, "voice_settings and generation_config may only come in the first frame")
-            speed = _settings(message.get("voice_settings"), message.get("generation_config"))
+            speed = settings(message.get("voice_settings"), message.get("generation_config"))
         text = message.get("text")
         if text is None and first:
             raise ApiError(400, "the first frame must have text (a single space opens the stream): "
@@ -105,12 +103,20 @@ class ElevenLabsDialect:
         return {"isFinal": True}
 
     def error(self, status: int, message: str) -> dict[str, Any]:
-        kind = {400: "invalid_request", 401: "invalid_api_key", 429: "rate_limited", 503: "system_busy",
-                504: "timeout"}.get(status, "internal_error")
-        return {"message": message, "error": kind, "code": 1008 if status < 500 else 1011}
+        kind = ERROR_KINDS.get(status, "internal_error")
+        return {"message": message, "error": kind, "code": ws_session.close_code(status)}  # the code it closes with
 
 
-def _settings(voice_settings: Any, generation_config: Any) -> float | None:
+def verify_frame_key(request: web.Request, message: dict[str, Any]) -> None:
+    """Check the key a browser sends in its first frame (``xi_api_key``, ``xi-api-key`` or ``authorization``)."""
+    key = message.get("xi_api_key") or message.get("xi-api-key") or message.get("authorization") or ""
+    key = key[7:].strip() if isinstance(key, str) and key[:7].lower() == "bearer " else key
+    if not isinstance(key, str) or not key:
+        raise ApiError(401, "this API needs a key: send the xi-api-key header, or xi_api_key in the first frame")
+    guard.verify_token(request, key)
+
+
+def settings(voice_settings: Any, generation_config: Any) -> float | None:
     """Validate the first frame's settings; return ``voice_settings.speed`` (None when not sent)."""
     speed = None
     if voice_settings is not None:
@@ -134,44 +140,59 @@ def _settings(voice_settings: Any, generation_config: Any) -> float | None:
     return speed
 
 
-async def _options(request: web.Request) -> tuple[Any, Any, str, int, float]:
+def output_format(value: str | None) -> tuple[str, int]:
+    """ElevenLabs' ``output_format`` (None: the default) -> (encoder format, sample rate Hz), or a 400."""
+    name = (value or DEFAULT_FORMAT).strip().lower()
+    if name not in OUTPUT_FORMATS:
+        raise ApiError(400, f"output_format {name!r} is not available: use one of {', '.join(OUTPUT_FORMATS)}")
+    return OUTPUT_FORMATS[name]
+
+
+def language_of(code: str | None, default: str) -> str:
+    """ElevenLabs' ``language_code`` (None: ``default``) -> one of this model's languages, or a 400."""
+    if code is None:
+        return default
+    language = _LANGUAGE_CODES.get(code.strip().lower(), "")
+    if language not in LANGUAGES:
+        raise ApiError(400, f"language_code {code!r} is not one this model speaks: use one of "
+                            f"{', '.join(_LANGUAGE_CODES)}")
+    return language
+
+
+async def options(request: web.Request, door: str) -> tuple[Any, Any, str, int, float]:
     """Voice, SynthesisParams, format, rate and idle timeout from the path and query (400 before the upgrade)."""
     services = services_of(request)
     config = services.config
-    refuse_unknown(request.query, PARAMETERS, "ElevenLabs' stream-input here")
+    refuse_unknown(request.query, PARAMETERS, door)
     r = ParamReader(request.query)
-    name = r.string("output_format", DEFAULT_FORMAT, lower=True)
-    if name not in OUTPUT_FORMATS:
-        raise ApiError(400, f"output_format {name!r} is not available: use one of {', '.join(OUTPUT_FORMATS)}")
-    fmt, rate = OUTPUT_FORMATS[name]
+    fmt, rate = output_format(r.string("output_format", None))
     idle = r.number("inactivity_timeout", config.http.ws_idle_timeout_s, lo=1.0, hi=MAX_INACTIVITY_S)
-    base = base_params(config)
-    language = base.language
-    code = r.string("language_code", None, lower=True)
-    if code is not None:
-        language = _LANGUAGE_CODES.get(code, "")
-        if language not in LANGUAGES:
-            raise ApiError(400, f"language_code {code!r} is not one this model speaks: use one of "
-                                f"{', '.join(_LANGUAGE_CODES)}")
+    base = base_params(config, services)
+    language = language_of(r.string("language_code", None), base.language)
     params = make_params(base, language=language, seed=r.integer("seed", base.seed, lo=-1, hi=MAX_SEED))
-    for flag in ("sync_alignment", "enable_logging", "enable_ssml_parsing", "auto_mode"):
+    for flag in ("sync_alignment", "enable_logging", "enable_ssml_parsing", "auto_mode",
+                 "apply_language_text_normalization"):
         r.boolean(flag, False)
     voice = await resolve_voice(voices_of(services), config.http, request.match_info["voice"])
     return voice, params, fmt, rate, idle
 
 
+async def upgrade_options(request: web.Request, door: str) -> tuple[Any, Any, str, int, float]:
+    """:func:`options`, revealing nothing (voice names, the reason) before a deferred key is checked."""
+    if not request.get(guard.AUTH_DEFERRED):
+        return await options(request, door)
+    if not web.WebSocketResponse().can_prepare(request).ok:
+        raise ApiError(401, "this API needs a key: send the xi-api-key header")
+    try:
+        return await options(request, door)
+    except ApiError as e:
+        raise ApiError(e.status, "this request is not valid; send the key in the xi-api-key header to see why"
+                       ) from None
+
+
 async def _handler(request: web.Request) -> web.WebSocketResponse:
     services = services_of(request)
-    if request.get(guard.AUTH_DEFERRED):  # no key yet: reveal nothing (voice names) before the first frame's key
-        if not web.WebSocketResponse().can_prepare(request).ok:
-            raise ApiError(401, "this API needs a key: send the xi-api-key header")
-        try:
-            voice, params, fmt, rate, idle = await _options(request)
-        except ApiError as e:
-            raise ApiError(e.status, "this request is not valid; send the key in the xi-api-key header to see why"
-                           ) from None
-    else:
-        voice, params, fmt, rate, idle = await _options(request)
+    voice, params, fmt, rate, idle = await upgrade_options(request, "ElevenLabs' stream-input here")
     config = services.config
     ws = ws_session.websocket(request, config.http.max_body_kb)
     await ws.prepare(request)

@@ -11,6 +11,17 @@ Three things are checked before any handler runs, in this order:
    one of ``http.allowed_hosts``), so a page on ``attacker.example`` that re-points its name at 127.0.0.1 is refused.
 
 Then the per-client token bucket (``http.rate_limit_per_min``, keyed by ``http.rate_limit_key``).
+
+"The client" is the connection's peer address, or, when that peer is one of ``http.trusted_proxies``, the address
+the proxy chain names (``Forwarded: for=``, else ``X-Forwarded-For``), read from the right: each trusted hop vouches
+for the one to its left, and the first address that is not a trusted proxy is the client. A peer that is not a
+trusted proxy cannot name anyone: its headers are ignored. Rate limits, ``http.trusted_networks`` and the
+wrong-token lockout all use this address.
+
+The lockout: after :data:`AUTH_FAILURES_PER_MIN` wrong tokens in a minute from one client, every credential from
+it is refused with 429 until the bucket refills (one more try every 6 s), the right one included: admitting the
+right token during a lockout would tell a guesser which guess was right, which is what the lockout exists to
+prevent. Other clients, each behind a trusted proxy included, are not affected.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ import hmac
 import ipaddress
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -36,16 +47,20 @@ LIMITER_SWEEP = 1024  # forget idle clients once this many are tracked
 AUTH_FAILURES_PER_MIN = 10  # wrong tokens tolerated per address and minute before 429
 QUERY_CREDENTIALS = ("token", "xi_api_key")  # query parameters that carry the token (not synthesis options)
 # WebSocket routes whose clients may send the key in their first frame instead (browsers cannot set headers)
-FIRST_MESSAGE_AUTH = ("elevenlabs:stream_input",)
+FIRST_MESSAGE_AUTH = ("elevenlabs:stream_input", "elevenlabs:multi_stream_input")
 AUTH_DEFERRED: Any = web.RequestKey("voicebot_auth_deferred", bool) if hasattr(web, "RequestKey") \
     else "voicebot_auth_deferred"
+CLIENT_ADDRESS: Any = web.RequestKey("voicebot_client_address", str) if hasattr(web, "RequestKey") \
+    else "voicebot_client_address"
+MAX_FORWARDED_HOPS = 32  # proxy-chain entries read at most (a longer chain is someone padding the header)
 
 
 class RateLimiter:
     """A token bucket per client key: ``per_min`` requests a minute, bursts up to ``per_min``."""
 
-    def __init__(self, per_min: int) -> None:
+    def __init__(self, per_min: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.per_min = per_min
+        self.clock = clock  # seconds, monotonic (tests set a fake one)
         self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, last refill, monotonic s)
 
     def _level(self, key: str, now: float) -> float:
@@ -56,7 +71,7 @@ class RateLimiter:
         """Seconds until ``key`` may spend a token (0 when it may now); spends nothing."""
         if self.per_min <= 0:
             return 0.0
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         tokens = self._level(key, now)
         return 0.0 if tokens >= 1.0 else (1.0 - tokens) * 60.0 / self.per_min
 
@@ -64,7 +79,7 @@ class RateLimiter:
         """Spend one token; return 0 when allowed, else the seconds until the next token."""
         if self.per_min <= 0:
             return 0.0
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         tokens = self._level(key, now)
         if tokens < 1.0:
             self._buckets[key] = (tokens, now)
@@ -131,16 +146,64 @@ def given_token(request: web.Request) -> str:
     return ""
 
 
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An IP address from a peer name or a proxy-chain entry (``[v6]:port``, ``v4:port``, quotes), else None."""
+    text = text.strip().strip('"')
+    if text.startswith("["):
+        text = text[1:text.find("]")] if "]" in text else ""
+    elif text.count(":") == 1:
+        text = text.split(":", 1)[0]
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def _in(address: ipaddress.IPv4Address | ipaddress.IPv6Address, networks: tuple[str, ...]) -> bool:
+    return any(address in ipaddress.ip_network(n, strict=False) for n in networks)
+
+
+def _proxy_chain(request: web.Request) -> list[str]:
+    """The client addresses proxies reported, oldest first: ``Forwarded``'s ``for=``, else ``X-Forwarded-For``."""
+    if request.headers.get("Forwarded"):
+        return [element.get("for", "") for element in request.forwarded]  # aiohttp's RFC 7239 parser
+    hops: list[str] = []
+    for header in request.headers.getall("X-Forwarded-For", []):  # several lines make one list (RFC 9110)
+        hops.extend(header.split(","))
+    return hops
+
+
+def client_address(request: web.Request) -> str:
+    """The client's address: the peer's, or the one trusted proxies name (the module docstring)."""
+    peer = request.remote or "?"
+    proxies = services_of(request).config.http.trusted_proxies
+    address = _address(peer)
+    if not proxies or address is None or not _in(address, proxies):
+        return peer
+    client = address
+    for hop in reversed(_proxy_chain(request)[-MAX_FORWARDED_HOPS:]):
+        named = _address(hop)
+        if named is None:  # "unknown" or an obfuscated name: the trusted hop itself is the best we know
+            break
+        client = named
+        if not _in(named, proxies):
+            break
+    return str(client)
+
+
+def client_of(request: web.Request) -> str:
+    """The client's address, worked out once per request."""
+    address = request.get(CLIENT_ADDRESS)
+    if address is None:
+        address = request[CLIENT_ADDRESS] = client_address(request)
+    return address
+
+
 def is_trusted(request: web.Request) -> bool:
     """True when the client's address is in ``http.trusted_networks``."""
     networks = services_of(request).config.http.trusted_networks
-    if not networks or not request.remote:
-        return False
-    try:
-        address = ipaddress.ip_address(request.remote)
-    except ValueError:
-        return False
-    return any(address in ipaddress.ip_network(n, strict=False) for n in networks)
+    address = _address(client_of(request))
+    return bool(networks) and address is not None and _in(address, networks)
 
 
 def check_credentials(request: web.Request) -> None:
@@ -174,7 +237,7 @@ def verify_token(request: web.Request, given: str) -> None:
     if token is None:
         return
     env = services_of(request).config.http.token_env
-    address = request.remote or "?"
+    address = client_of(request)
     failures = request.app[AUTH_FAILURES]
     wait = failures.wait(address)
     if wait > 0:
@@ -216,13 +279,13 @@ def _client_key(request: web.Request, given: str) -> str:
         return "*"
     if kind == "token" and given:
         return "token:" + hashlib.blake2b(given.encode(), digest_size=8).hexdigest()
-    return request.remote or "?"
+    return client_of(request)
 
 
 def charge(request: web.Request, what: str = "request") -> None:
     """Spend one rate-limit token of the request's client, or raise 429 (also used per WebSocket run)."""
     config = services_of(request).config.http
-    key = request.get(CLIENT_KEY) or (request.remote or "?")
+    key = request.get(CLIENT_KEY) or client_of(request)
     wait = request.app[LIMITER].take(key)
     if wait > 0:
         who = "everyone" if key == "*" else ("this token" if key.startswith("token:") else key)

@@ -3,9 +3,10 @@
 The HTTP layer keeps cumulative series of what its clients saw: requests by protocol and status, histograms of
 time to first audio (request arrival to the first audio byte written) and real-time factor (request wall time /
 audio seconds), audio seconds sent and streams cut short. The synthesizer's ``metrics()`` is read at each scrape:
-queue depth, cache hit ratios, counters, quantiles of its recent time-to-first-audio and RTF samples (Discord
-requests included; absent until there is a sample, never NaN), and an info series naming the engine, device and
-precision. Process metrics (CPU, memory, open files) come with it. The text format or OpenMetrics is chosen by the
+queue depth, cache hit ratios, counters, summaries (quantiles over a sliding window, as such summaries have) of its
+recent time-to-first-audio and real-time-factor samples (Discord requests included; absent until there is a sample,
+never NaN), and an info series naming the engine, device and precision. Every name spells its unit out (seconds)
+and ``promtool check metrics`` finds nothing to lint. Process metrics (CPU, memory, open files) come with it. The text format or OpenMetrics is chosen by the
 scraper's ``Accept`` header.
 """
 
@@ -23,6 +24,11 @@ from prometheus_client.exposition import choose_encoder
 TTFA_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)  # seconds
 RTF_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)  # wall seconds per audio second
 QUANTILES = (0.5, 0.9, 0.99)  # of the synthesizer's recent samples
+# the synthesizer's keys -> series names with their units spelled out, and help
+SAMPLE_SERIES = {
+    "ttfa_s": ("time_to_first_audio_seconds", "Seconds from a request's start to its first audio."),
+    "rtf": ("real_time_factor", "Synthesis wall seconds per second of audio."),
+}
 PREFIX = "voicebot"
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -86,10 +92,10 @@ class _SynthCollector:
             family.add_metric([], info)
             yield family
         for key, value in sorted(m.items()):
-            base = f"{PREFIX}_synthesis_{_metric_name(key)}"
-            help_text = f"Synthesizer {key.replace('_', ' ')}."
             if isinstance(value, (bool, str)):
                 continue
+            name, help_text = SAMPLE_SERIES.get(key, (_metric_name(key), f"Synthesizer {key.replace('_', ' ')}."))
+            base = f"{PREFIX}_synthesis_{name}"
             if isinstance(value, (int, float)):
                 if _is_counter(key):
                     yield CounterMetricFamily(base, help_text, value=value)
@@ -97,20 +103,24 @@ class _SynthCollector:
                     yield GaugeMetricFamily(base, help_text, value=value)
             elif isinstance(value, Iterable):
                 samples = sorted(float(x) for x in value if isinstance(x, (int, float)) and math.isfinite(x))
-                yield GaugeMetricFamily(base + "_recent_samples", f"How many recent {key} samples there are.",
-                                        value=len(samples))
-                if samples:  # no sample, no quantile: a NaN gauge breaks alerts and graphs
-                    family = GaugeMetricFamily(base + "_recent",
-                                               f"Quantiles of the synthesizer's recent {key} samples (all doors).",
-                                               labels=["quantile"])
-                    for q in QUANTILES:
-                        family.add_metric([str(q)], _quantile(samples, q))
-                    yield family
+                if samples:  # no sample, no quantile: a NaN breaks alerts and graphs
+                    yield _window_summary(base, help_text, samples)
+
+
+def _window_summary(name: str, help_text: str, sorted_samples: list[float]) -> Metric:
+    """A summary of the synthesizer's recent samples: quantiles only, as a sliding-window summary has them (its
+    count and sum would not be cumulative; the HTTP histograms and the request counters are)."""
+    family = Metric(name, help_text + f" Quantiles over the last {len(sorted_samples)} requests of every door.",
+                    "summary")
+    for q in QUANTILES:
+        family.add_sample(name, {"quantile": str(q)}, _quantile(sorted_samples, q))
+    return family
 
 
 def _is_counter(key: str) -> bool:
     """Monotonic synthesizer counters, by naming convention."""
-    return key in ("requests", "busy") or key.endswith(("_hits", "_misses"))
+    return key in ("requests", "busy", "completed", "replica_failures", "remote_errors") \
+        or key.endswith(("_hits", "_misses"))
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

@@ -11,7 +11,9 @@ is synthesized, as OpenAI's endpoint does: ``wav`` carries 0xFFFFFFFF sizes as O
 OpenAI's, the other formats carry their rate (32 kHz) in their headers. ``stream_format: "sse"`` sends
 ``speech.audio.delta`` events (base64 of the encoded bytes) and a final ``speech.audio.done`` with ``usage``.
 ``instructions`` is accepted and has no effect (the voice's own reference sets the style). Extensions:
-``language`` (default from config) and ``seed``.
+``language`` (default from config) and ``seed``. ``/v1/audio/voices`` also says, per voice, whether it has a
+transcript and which seconds of its upload its reference is (``reference``: ``start_s``, ``end_s``, ``clip_s``,
+``left_out_s``, and ``kept``, the line its maker was told when speech was left out).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pydantic
 from aiohttp import web
 
 from bot.http.api_v2 import (MAX_SEED, base_params, check_chars, check_text, lookup_voice, make_params,
-                             read_json_object, voice_catalog, voice_names, voices_of)
+                             read_json_object, refuse_bool, voice_catalog, voice_names, voices_of)
 from bot.http.responses import METRICS, ApiError, services_of, stream_audio, validate_body
 from synthesis import LANGUAGES, Voice
 
@@ -58,6 +60,11 @@ class SpeechRequest(pydantic.BaseModel):
     language: str | None = None
     seed: int | None = pydantic.Field(None, ge=-1, le=MAX_SEED)
 
+    @pydantic.field_validator("speed", "seed", mode="before")
+    @classmethod
+    def _no_bool(cls, value: Any) -> Any:
+        return refuse_bool(value)
+
     @pydantic.field_validator("response_format", "stream_format", "language", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
@@ -70,7 +77,7 @@ async def _speech(request: web.Request) -> web.StreamResponse:
     body = validate_body(SpeechRequest, await read_json_object(request))
     text = check_text(check_chars(body.input, "input"), config, name="input")
     voice = await resolve_voice(voices_of(services), config.http, body.voice.id if isinstance(body.voice, _VoiceRef) else body.voice)
-    base = base_params(config)
+    base = base_params(config, services)
     language = body.language or base.language
     if language not in LANGUAGES:
         raise ApiError(400, f"language must be one of {', '.join(LANGUAGES)}; got {body.language!r}")
@@ -130,9 +137,19 @@ async def _audio_models(request: web.Request) -> web.Response:
 
 
 async def _voices(request: web.Request) -> web.Response:
-    catalog = await voice_catalog(voices_of(services_of(request)))
+    voices = voices_of(services_of(request))
+    catalog = await voice_catalog(voices)
+    references = await voices.references([v.id for _, _, v in catalog])
     return web.json_response({"voices": [
-        {"id": key, "name": display, "language": v.language} for key, display, v in catalog]})
+        {"id": key, "name": display, "language": v.language, "transcript": bool(v.prompt_text),
+         "reference": _described(references.get(v.id, {}))} for key, display, v in catalog]})
+
+
+def _described(reference: dict[str, Any]) -> dict[str, Any]:
+    """A voice's reference as the voice list shows it: which seconds of the upload it is, and what was said about
+    them (``kept``: why speech was left out and what became of the transcript; "" when only silence was trimmed)."""
+    keys = ("start_s", "end_s", "clip_s", "left_out_s", "kept", "warnings")
+    return {k: reference[k] for k in keys if k in reference}
 
 
 def add_routes(app: web.Application) -> None:

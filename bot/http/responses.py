@@ -16,7 +16,7 @@ import json
 import logging
 import re
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, TypeVar
 
 import av
 import numpy as np
@@ -91,7 +91,13 @@ def error_body(status: int, message: str, protocol: str = "") -> Any:
 
 def json_error(status: int, message: str, headers: dict[str, str] | None = None,
                protocol: str = "") -> web.Response:
-    return web.json_response(error_body(status, message, protocol), status=status, headers=headers)
+    # UTF-8 as written: a Chinese, Japanese or Korean message stays readable (json.dumps would escape it)
+    return web.json_response(error_body(status, message, protocol), status=status, headers=headers,
+                             dumps=_utf8_json)
+
+
+def _utf8_json(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
 
 
 def error_for(exc: SpeechError) -> ApiError:
@@ -257,14 +263,16 @@ def speech_usage(text: str, audio_s: float) -> dict[str, int]:
 async def stream_audio(request: web.Request, chunks: AsyncIterator[AudioChunk], fmt: str, *,
                        sample_rate: int | None = None, content_type: str | None = None,
                        sse: bool = False, wav_size_unknown: bool = False,
-                       usage_text: str | None = None) -> web.StreamResponse:
+                       usage_text: str | None = None,
+                       wrap: Callable[[bytes], bytes] | None = None) -> web.StreamResponse:
     """Answer with audio as it is synthesized: chunked transfer, one write per chunk.
 
     The first write carries the format's header (a WAV header with an unknown length, an Ogg header...) and the first
     sentence. FLAC is the exception: its STREAMINFO must hold the total length for common decoders (soundfile
     refuses a FLAC with 0 there), so it is sent once complete. With ``sse`` the body is OpenAI's speech event
     stream instead: ``speech.audio.delta`` events with the encoded bytes in base64, then ``speech.audio.done``
-    (with ``usage`` for ``usage_text``).
+    (with ``usage`` for ``usage_text``). ``wrap`` turns each piece of encoded audio into what is written instead
+    (ElevenLabs' JSON lines).
     """
     t0 = request.get(REQUEST_T0, time.monotonic())
     metrics = request.app[METRICS]
@@ -284,7 +292,7 @@ async def stream_audio(request: web.Request, chunks: AsyncIterator[AudioChunk], 
         chunk: AudioChunk | None = first
         while chunk is not None:
             data = await out.encode(chunk.audio)
-            await response.write(_sse_delta(data) if sse else data)
+            await response.write(_sse_delta(data) if sse else wrap(data) if wrap else data)
             if ttfa is None:
                 ttfa = time.monotonic() - t0
             chunk = await anext(chunks, None)
@@ -293,7 +301,7 @@ async def stream_audio(request: web.Request, chunks: AsyncIterator[AudioChunk], 
             done = _sse_done(usage_text, out.samples_out / out.sample_rate)
             await response.write((_sse_delta(tail) if tail else b"") + done)
         elif tail:
-            await response.write(tail)
+            await response.write(wrap(tail) if wrap else tail)
         await response.write_eof()
         complete = True
     except asyncio.CancelledError:

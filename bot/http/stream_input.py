@@ -100,7 +100,7 @@ async def _options(request: web.Request) -> tuple[Any, Any, str, int | None]:
     fmt = r.string("format", "pcm", choices=FORMATS, lower=True)
     rate_raw = r.raw("sample_rate")
     rate = r.integer("sample_rate", SAMPLE_RATE, lo=8000, hi=48000) if rate_raw is not None else None
-    base = base_params(config)
+    base = base_params(config, services)
     params = make_params(
         base,
         language=r.string("language", base.language, choices=LANGUAGES, lower=True),

@@ -77,11 +77,12 @@ class Dialect(Protocol):
         ...
 
 
-class _Run:
+class Run:
     """The text of one run (up to a flush or the end), handed to the synthesizer as an async iterator."""
 
     def __init__(self) -> None:
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.dropped = False  # its speech is no longer wanted (ElevenLabs' close_context before a flush)
 
     def put(self, piece: str) -> None:
         self._queue.put_nowait(piece)
@@ -102,8 +103,8 @@ class Session:
         self.request, self.ws, self.dialect = request, ws, dialect
         self.synth, self.voice, self.params, self.out = synth, voice, params, out
         self.max_chars, self.idle_s = max_chars, idle_s
-        self.runs: asyncio.Queue[_Run | None] = asyncio.Queue()
-        self.current: _Run | None = None
+        self.runs: asyncio.Queue[Run | None] = asyncio.Queue()
+        self.current: Run | None = None
         self.closed_input = False
         self.total_chars = 0
         self.sentences = 0
@@ -149,7 +150,7 @@ class Session:
                 raise ApiError(400, f"this stream has passed {self.max_chars} characters (http.max_text_chars): "
                                     "open a new connection for more text")
             if self.current is None and text.strip():  # whitespace alone starts nothing (ElevenLabs' " ")
-                self.current = _Run()
+                self.current = Run()
                 self.runs.put_nowait(self.current)
             if self.current is not None:
                 self.current.put(text)
@@ -204,6 +205,13 @@ class Session:
             self.first_audio_at = time.monotonic()
 
 
+def close_code(status: int) -> int:
+    """The WebSocket close code for an HTTP-style status: busy 1013, the client's fault 1008, else 1011."""
+    if status in (429, 503):
+        return CLOSE_BUSY
+    return CLOSE_POLICY if status < 500 else CLOSE_ERROR
+
+
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -228,7 +236,7 @@ async def run_session(request: web.Request, session: Session) -> None:
             log.info("WebSocket client left before the end; stopping its synthesis")
     except SpeechError as e:
         err = error_for(e)
-        code = CLOSE_BUSY if err.status in (429, 503) else CLOSE_POLICY if err.status < 500 else CLOSE_ERROR
+        code = close_code(err.status)
         if err.status >= 500 and err.status != 503:
             log.warning("WebSocket synthesis failed: %s", err)
         message = str(err).encode()[:120]

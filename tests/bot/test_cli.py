@@ -79,8 +79,10 @@ def test_voices_add_list_say_delete(tiny_models: Path, tmp_path: Path):
     r = _cli("--config", str(cfg), "voices", "add", "me", str(clip), "--text", "This is my voice.", "--lang", "en")
     assert r.returncode == 0, r.stderr
     assert "voice 'me' created" in r.stdout
+    assert " of the 5.0 s clip, with its transcript\n" in r.stdout  # only silence trimmed: the transcript is kept
     r = _cli("--config", str(cfg), "voices", "list")
     assert r.returncode == 0 and r.stdout.startswith("me ")
+    assert "'This is my voice.'" in r.stdout and "of the 5.0 s clip\n" in r.stdout
     r = _cli("--config", str(cfg), "say", "Hello!", "--voice", "me", "-o", str(tmp_path / "o.wav"), "--timings",
              "--json", "--lang", "en")
     assert r.returncode == 0, r.stderr
@@ -88,6 +90,25 @@ def test_voices_add_list_say_delete(tiny_models: Path, tmp_path: Path):
     r = _cli("--config", str(cfg), "voices", "delete", "me")
     assert r.returncode == 0 and "deleted voice 'me'" in r.stdout
     _assert_no_voice_left(tmp_path / "voices")
+
+
+def test_voices_add_says_which_seconds_were_kept_and_drops_a_transcript_that_does_not_fit(tiny_models: Path,
+                                                                                          tmp_path: Path):
+    cfg = _config(tiny_models, tmp_path)
+    clip = tmp_path / "long.wav"
+    clip.write_bytes(speech_like_wav(25.0, seed=2))  # 25 s of speech: at most 10 s are kept
+    r = _cli("--config", str(cfg), "voices", "add", "long", str(clip), "--text", "All the words of 25 seconds.",
+             "--lang", "en")
+    assert r.returncode == 0, r.stderr
+    (created,) = [line for line in r.stdout.splitlines() if line.startswith("voice 'long' created")]
+    assert created.endswith(" of the 25.0 s clip, speech left out, reference-free (no transcript)"), created
+    (kept,) = [line for line in r.stderr.splitlines() if line.startswith("warning: the voice uses seconds ")]
+    assert kept.endswith(", so its transcript was not stored and the voice is reference-free; to keep a transcript, "
+                         "send only the seconds you want, with the words said in them"), kept
+    assert ("to keep a transcript: cut long.wav to the seconds it uses, run `python -m bot voices delete long`, then "
+            'add it again with --text "the words said in them"') in r.stderr.splitlines()
+    r = _cli("--config", str(cfg), "voices", "list")
+    assert r.returncode == 0 and "reference-free" in r.stdout and "of the 25.0 s clip, speech left out" in r.stdout
 
 
 def test_bad_clip_is_refused_with_its_reason(tiny_models: Path, tmp_path: Path):

@@ -49,6 +49,9 @@ async def _http_step(session: aiohttp.ClientSession, srv: Server, step: dict[str
                                headers=step.get("headers")) as r:
         body = await r.read()
         assert r.status == expect["status"], (step["path"], body[:300])
+    if "json_lines" in expect:  # ElevenLabs' /stream/with-timestamps: the audio is a field of each line
+        lines = [json.loads(line) for line in body.splitlines() if line.strip()]
+        body = b"".join(base64.b64decode(line[expect["json_lines"]]) for line in lines)
     if "format" in expect:
         check_decoded(body, expect)
     if "json_keys" in expect:
@@ -61,6 +64,8 @@ async def _http_step(session: aiohttp.ClientSession, srv: Server, step: dict[str
 async def _ws_step(session: aiohttp.ClientSession, srv: Server, step: dict[str, Any]) -> None:
     expect = step["expect"]
     url = srv.url + step["ws"]
+    if step["ws"].endswith("/multi-stream-input"):
+        return await _multi_context_step(session, url, step)
     async with session.ws_connect(url, params=step.get("query"), headers=step.get("headers")) as ws:
         for frame in step["frames"]:
             await ws.send_json(frame)
@@ -69,6 +74,25 @@ async def _ws_step(session: aiohttp.ClientSession, srv: Server, step: dict[str, 
     audio = [m for m in messages if m.get("audio")]
     assert messages[-1] == {"isFinal": True} and all(m["isFinal"] is False for m in audio)
     check_decoded(b"".join(base64.b64decode(m["audio"]) for m in audio), expect)
+
+
+async def _multi_context_step(session: aiohttp.ClientSession, url: str, step: dict[str, Any]) -> None:
+    """ElevenLabs' multi-context door, as LiveKit and Pipecat read it: audio and then ``isFinal`` per context
+    (``contextId``); the connection stays open for the next context unless the client sent ``close_socket``."""
+    contexts = {f.get("context_id", f.get("contextId")) for f in step["frames"]} - {None}
+    async with session.ws_connect(url, params=step.get("query"), headers=step.get("headers")) as ws:
+        for frame in step["frames"]:
+            await ws.send_json(frame)
+        messages: list[dict[str, Any]] = []
+        while {m["contextId"] for m in messages if m.get("isFinal")} != contexts:
+            messages.append(await ws.receive_json(timeout=10))
+        if any(f.get("close_socket") for f in step["frames"]):
+            assert (await ws.receive(timeout=10)).type == aiohttp.WSMsgType.CLOSE
+            assert ws.close_code == 1000
+    assert all(m["contextId"] in contexts and "error" not in m for m in messages)
+    for context in contexts:
+        audio = [m["audio"] for m in messages if m["contextId"] == context and m.get("audio")]
+        check_decoded(b"".join(base64.b64decode(a) for a in audio), step["expect"])
 
 
 @pytest.mark.parametrize("path", _cases())

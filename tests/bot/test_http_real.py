@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -324,3 +325,23 @@ async def test_a_full_synthesizer_answers_busy_at_once_on_every_door(env: Env) -
             assert statuses[-1] == 200 and len(body) > 0, statuses
     finally:
         env.server_synth.limits = limits
+
+
+async def test_the_voice_list_says_which_seconds_each_voice_uses_and_whether_it_has_its_transcript(env: Env) -> None:
+    """/v1/audio/voices describes each stored reference: a 4 s clip kept whole with its transcript; a 25 s clip
+    whose kept 10 s left speech out, stored without its transcript, with the line its maker was told."""
+    long, warnings = await env.server_synth.voicing.create(
+        "longclip", speech_like_wav(25.0, 150.0, 4), "longclip.wav", transcript="Twenty five seconds of words.",
+        language="en", consent=CONSENT)
+    try:
+        _, body = await fetch("GET", env.url + "/v1/audio/voices")
+        described = {v["id"]: v for v in json.loads(body)["voices"]}
+    finally:
+        await env.server_synth.voicing.delete(long.id)
+    alice = described["alice"]
+    assert alice["transcript"] is True and alice["reference"]["clip_s"] == 4.0 and alice["reference"]["kept"] == ""
+    assert alice["reference"]["left_out_s"] == 0.0 and 0.0 <= alice["reference"]["start_s"] <= 0.3
+    entry = described["longclip"]
+    assert entry["transcript"] is False and entry["reference"]["clip_s"] == 25.0
+    assert entry["reference"]["kept"] == warnings[0] and entry["reference"]["left_out_s"] >= 12.0
+    assert entry["reference"]["kept"].startswith(f"the voice uses seconds {entry['reference']['start_s']:.1f}-")

@@ -36,7 +36,7 @@ async def store(tmp_path: Path):
 
 
 async def test_new_database_is_wal_and_current(store: Store, tmp_path: Path) -> None:
-    assert await store.schema_version() == SCHEMA_VERSION == 3
+    assert await store.schema_version() == SCHEMA_VERSION == 4
     conn = sqlite3.connect(tmp_path / "db" / "voicebot.sqlite3")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -57,7 +57,7 @@ async def test_v1_database_migrates_and_keeps_its_data(tmp_path: Path) -> None:
     conn.close()
 
     async with Store(path) as s:
-        assert await s.schema_version() == 3
+        assert await s.schema_version() == 4
         assert await s._read("SELECT name FROM sqlite_master WHERE name = 'consent'") == []  # v3: kept once, elsewhere
         assert await s.voice_journal() == []
         assert (await s.user_settings(ALICE))["speed"] == 1.5  # moved into the global (guild 0) rows

@@ -167,6 +167,8 @@ class FakeVoicing:
         self.deleted: list[str] = []
         self.precomputed: list[tuple[str, tuple[str, ...]]] = []
         self.fail_with: Exception | None = None
+        # set: the clip's speech was partly left out (the line the real voicing gives), so no transcript is stored
+        self.kept: str | None = None
 
     async def create(self, name, data, filename="", *, owner_id=0, transcript=None, language="auto",
                      consent=None, enrollment_prompt=None, progress=None, phrases=(), voice_id=None):
@@ -178,7 +180,9 @@ class FakeVoicing:
             if progress:
                 progress(stage, frac)
             await asyncio.sleep(0)
-        return self.voices.add(name, owner_id, voice_id), ["the clip is a little quiet"]
+        text = "" if self.kept else (transcript or enrollment_prompt or "").strip()
+        voice = self.voices.add(name, owner_id, voice_id, prompt_text=text)
+        return voice, [*([self.kept] if self.kept else []), "the clip is a little quiet"]
 
     async def delete(self, voice_id: str) -> None:
         if self.voices.by_id.pop(voice_id, None) is None:

@@ -70,9 +70,32 @@ async def test_clone_asks_consent_before_download_and_create(harness):
     await settle_background(h)
     await h.wait_for(lambda: "Common phrases ready" in h.adapter.original_content(token))
     final = h.adapter.original_content(token)
-    assert "**Alice** is ready as your voice" in final
-    assert "Note: the clip is a little quiet" in final
+    assert "**Alice** is ready as your voice. Hear it with `/voice preview Alice`." in final  # with its transcript
+    assert "Note: the clip is a little quiet" in final and "To give it a transcript" not in final
     assert "Common phrases ready (2/2)." in final
+
+
+async def test_clone_says_which_seconds_were_kept_and_how_to_keep_a_transcript(harness):
+    """The clip had more speech than the seconds kept: the voice is made without the transcript, and the member is
+    told which seconds it uses, why, and how to upload again with a transcript (one line each)."""
+    h = harness
+    kept = ("the voice uses seconds 3.2-13.1 of the 30.0 s clip, the most continuous part of its 25.3 s of speech "
+            "(GPT-SoVITS takes 3-10 s), and leaves out 15.4 s of speech, so its transcript was not stored and the voice "
+            "is reference-free; to keep a transcript, send only the seconds you want, with the words said in them")
+    h.services.synthesizer.voicing.kept = kept
+    token, _ = await clone(h, transcript="hello there, and a lot more")
+    await settle_background(h)
+    await h.wait_for(lambda: "Common phrases ready" in h.adapter.original_content(token))
+    lines = h.adapter.original_content(token).splitlines()
+    assert lines[0] == ("**Alice** is ready as your voice, without its transcript (see the first note). Hear it with "
+                        "`/voice preview Alice`.")
+    assert lines[1] == f"Note: {kept}" and lines[2] == "Note: the clip is a little quiet"
+    assert lines[3] == ("To give it a transcript: trim your recording to the seconds it uses, remove this voice with "
+                        "`/voice delete Alice`, and run `/voice clone` again with the words said in them as "
+                        "`transcript`.")
+    assert h.services.synthesizer.voices.find("Alice").prompt_text == ""
+    token = await h.slash("voice list", ALICE)
+    assert "• **Alice** (yours, no transcript)" in last_reply(h, token)[0]
 
 
 async def test_cancel_and_strangers_download_nothing(harness):
@@ -181,7 +204,8 @@ async def test_voice_autocomplete_use_and_list(harness):
 
     token = await h.slash("voice list", ALICE)
     text, _ = last_reply(h, token)
-    assert text.splitlines() == ["• **alto** (yours) ← you speak with this", "• **narrator** (server)",
+    # the fake voices are reference-free (no transcript): the member sees it on their own
+    assert text.splitlines() == ["• **alto** (yours, no transcript) ← you speak with this", "• **narrator** (server)",
                                  "• **bobby** (shared)"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import struct
 from fractions import Fraction
 
@@ -14,6 +15,7 @@ import soundfile as sf
 from synthesis.audio import (
     ENCODE_FORMATS,
     MAX_DECODE_RATE,
+    MAX_LEFT_OUT_S,
     PEAK_CEILING,
     Decoded,
     StreamEncoder,
@@ -24,6 +26,7 @@ from synthesis.audio import (
     resample,
 )
 from synthesis.types import AudioChunk, AudioInputError, to_pcm16
+from tests.audio_samples import speech_like
 
 MB = 1_000_000
 LIMITS = dict(max_bytes=25 * MB, max_seconds=600.0)
@@ -33,20 +36,9 @@ LIMITS = dict(max_bytes=25 * MB, max_seconds=600.0)
 
 
 def fake_speech(seconds: float, sr: int, seed: int = 0, level: float = 0.2) -> np.ndarray:
-    """Speech-like signal: 80-250 ms bursts of noise with a pitch-like buzz, 30-120 ms gaps, a pause per 'word'."""
-    rng = np.random.default_rng(seed)
-    out = np.zeros(int(seconds * sr), np.float32)
-    pos = 0
-    while True:
-        n = int(rng.uniform(0.08, 0.25) * sr)
-        if pos + n > out.size:
-            break
-        t = np.arange(n) / sr
-        env = np.sin(np.pi * np.arange(n) / n) ** 0.5
-        buzz = np.sign(np.sin(2 * np.pi * rng.uniform(100, 220) * t)) * 0.5 + rng.standard_normal(n)
-        out[pos : pos + n] = (level * rng.uniform(0.5, 1.0) * env * buzz / 1.5).astype(np.float32)
-        pos += n + int(rng.uniform(0.03, 0.12) * sr)
-    return out
+    """Speech from its first sample: one voice (tests.audio_samples.speech_like at 140 Hz), starting on the word
+    ``seed`` picks, peak about ``1.5 * level``."""
+    return speech_like(seconds, f0=140.0, seed=seed, sr=sr, lead_s=0.0) * np.float32(3.0 * level)
 
 
 def wav_bytes(x: np.ndarray, sr: int, *, channels: int = 1, data_size: int | None = None) -> bytes:
@@ -298,6 +290,8 @@ def test_best_stretch_is_the_speech_region() -> None:
     assert abs(ref.wav16k.size - ref.wav32k.size / 2) <= 2
     assert ref.warnings == []
     assert np.max(np.abs(ref.wav32k)) <= PEAK_CEILING + 1e-6
+    # only silence was trimmed: no speech left out, nothing to tell, a transcript of the upload still fits
+    assert ref.clip_s == 30.0 and ref.left_out_s == 0.0 and ref.kept == "" and not ref.speech_left_out
 
 
 def test_long_speech_is_cut_to_ten_seconds_in_a_pause() -> None:
@@ -308,6 +302,11 @@ def test_long_speech_is_cut_to_ten_seconds_in_a_pause() -> None:
     x[14 * sr + sr // 2 : 23 * sr + sr // 2] = fake_speech(9.0, sr, seed=3)  # 0.5 s pause, then 9 s
     ref = prepare_reference(Decoded(x, sr, 25.0))
     assert 3.0 <= ref.duration_s <= 10.0
+    # 21 s of speech, at most 10 kept: the rest is left out, and the person is told which seconds were kept and why
+    assert ref.speech_left_out and 10.0 <= ref.left_out_s <= 21.0 - ref.duration_s + 0.5, ref.left_out_s
+    assert re.fullmatch(rf"the voice uses seconds {ref.start_s:.1f}-{ref.end_s:.1f} of the 25\.0 s clip, the most "
+                        r"continuous part of its (19|20|21)\.\d s of speech \(GPT-SoVITS takes 3-10 s\), and leaves out "
+                        rf"{ref.left_out_s:.1f} s of speech", ref.kept), ref.kept
     # the cut points are in silence: the chosen audio starts and ends quietly
     edge = int(0.03 * 32000)
     assert np.max(np.abs(ref.wav32k[:edge])) < 0.02 and np.max(np.abs(ref.wav32k[-edge:])) < 0.02
@@ -316,9 +315,9 @@ def test_long_speech_is_cut_to_ten_seconds_in_a_pause() -> None:
 def test_short_clip_is_trimmed_and_normalised() -> None:
     sr = 24000
     x = np.zeros(int(sr * 6.0), np.float32)
-    x[sr : sr * 5] = 0.02 * fake_speech(4.0, sr, seed=4)  # quiet speech, 1 s of silence each side
+    x[sr : sr * 5] = 0.05 * fake_speech(4.0, sr, seed=4)  # quiet speech, 1 s of silence each side
     ref = prepare_reference(Decoded(x, sr, 6.0))
-    assert 0.85 <= ref.start_s <= 1.05 and 4.95 <= ref.end_s <= 5.15
+    assert 0.85 <= ref.start_s <= 1.1 and 4.95 <= ref.end_s <= 5.15
     speech_rms_db = 20 * np.log10(np.sqrt(np.mean(ref.wav32k**2)))
     assert -26.0 < speech_rms_db < -17.0  # brought up to about -20 dBFS (the pauses pull the mean down a little)
 
@@ -337,6 +336,44 @@ def test_noise_warning() -> None:
     x = fake_speech(6.0, sr, seed=8) + (0.03 * np.random.default_rng(1).standard_normal(sr * 6)).astype(np.float32)
     ref = prepare_reference(Decoded(x.astype(np.float32), sr, 6.0))
     assert any(w.startswith("there is loud background noise") for w in ref.warnings), ref.warnings
+
+
+def _noisy(ref_warnings: list[str]) -> bool:
+    return any(w.startswith("there is loud background noise") for w in ref_warnings)
+
+
+def test_noise_is_measured_on_the_kept_stretch_not_the_upload() -> None:
+    """Before, the floor was the median of every pause in the upload: a fan that ran before the speech warned about a
+    clean reference, and noisy speech after a long quiet wait got no warning."""
+    sr = 16000
+    rng = np.random.default_rng(2)
+    fan_first = (0.0005 * rng.standard_normal(sr * 20)).astype(np.float32)  # quiet room
+    fan_first[: 12 * sr] += (0.03 * rng.standard_normal(12 * sr)).astype(np.float32)  # a fan at -30 dBFS, then off
+    fan_first[13 * sr : 19 * sr] += fake_speech(6.0, sr, seed=4, level=0.1)
+    ref = prepare_reference(Decoded(fan_first, sr, 20.0))
+    assert 12.9 <= ref.start_s and not _noisy(ref.warnings), (ref.start_s, ref.warnings)
+
+    noisy_last = (0.0005 * rng.standard_normal(sr * 26)).astype(np.float32)  # 20 s of quiet room, then
+    noisy_last[20 * sr :] += fake_speech(6.0, sr, seed=4) + (
+        0.01 * rng.standard_normal(6 * sr)).astype(np.float32)  # speech over a fan at -40 dBFS
+    ref = prepare_reference(Decoded(noisy_last, sr, 26.0))
+    assert ref.start_s >= 19.9 and _noisy(ref.warnings), (ref.start_s, ref.warnings)
+
+
+@pytest.mark.parametrize("word_s", [0.2, 0.3])
+def test_one_word_left_out_is_speech_left_out(word_s: float) -> None:
+    """9.6 s of speech, and one short word 3 s later: 10 s cannot hold both, so the word is left out, and a
+    transcript of the upload (which has that word) no longer fits the kept audio."""
+    sr = 16000
+    x = (0.0005 * np.random.default_rng(3).standard_normal(sr * 16)).astype(np.float32)
+    x[sr : sr + int(9.6 * sr)] += fake_speech(9.6, sr, seed=0)
+    n = int(word_s * sr)
+    word = fake_speech(word_s, sr, seed=1) * np.hanning(2 * n)[n:].astype(np.float32) ** 0.3  # "Hello" fading out
+    x[14 * sr : 14 * sr + n] += word
+    ref = prepare_reference(Decoded(x, sr, 16.0))
+    assert ref.start_s <= 1.0 and 10.5 <= ref.end_s <= 11.0, (ref.start_s, ref.end_s)
+    assert MAX_LEFT_OUT_S < ref.left_out_s <= word_s + 0.05 and ref.speech_left_out, ref.left_out_s
+    assert ref.kept.startswith(f"the voice uses seconds {ref.start_s:.1f}-{ref.end_s:.1f} of the 16.0 s clip")
 
 
 # --- resampling --------------------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ def _prepare(x: np.ndarray) -> audio.Reference:
 
 
 def _speaker_warnings(ref: audio.Reference) -> list[str]:
-    return [w for w in ref.warnings if "more than one speaker" in w]
+    """What the person is told about speakers: the kept line, and any warning of a second speaker in the kept audio."""
+    return [w for w in [ref.kept, *ref.warnings] if "more than one speaker" in w or "second speaker" in w]
 
 
 @pytest.mark.parametrize("name", SPLIT)
@@ -43,8 +44,24 @@ def test_two_speakers_the_stretch_is_one_of_them(name: str) -> None:
     who, other = other_speech_inside(ref.start_s, ref.end_s, parts)
     assert other <= audio.FRAME_S, (ref.start_s, ref.end_s, who, other, parts)  # within one frame hop (20 ms)
     assert ref.duration_s >= 7.0, ref.duration_s  # most of one speaker's 8.6 s, not a sliver
-    (warning,) = _speaker_warnings(ref)
-    assert f"uses {ref.duration_s:.1f} s of the one who speaks longest ({ref.start_s:.1f}-" in warning
+    # one line says which seconds were kept and why; no warning of a second speaker: none is in the kept audio
+    (line,) = _speaker_warnings(ref)
+    assert line == ref.kept and ref.speech_left_out and ref.left_out_s >= 3.0, (line, ref.left_out_s)
+    assert line.startswith(f"the clip has more than one speaker; the voice uses seconds {ref.start_s:.1f}-"
+                           f"{ref.end_s:.1f} of the {x.size / SPEECH_RATE:.1f} s clip, the one who speaks longest"), line
+
+
+def test_a_second_speaker_in_the_kept_audio_is_measured_there() -> None:
+    """The warning about a second speaker is measured on the kept frames: both voices in them, one warning; one."""
+    x, parts = build(CASES["a then b"][0])
+    x32 = audio.resample(x, SPEECH_RATE, 32000)
+    n = x32.size // int(audio.FRAME_S * 32000)
+    voiced = np.ones(n, bool)
+    change = int(parts[1][0] / audio.FRAME_S)
+    (warning,) = audio._second_speaker(x32, voiced, 0, n)
+    assert warning.startswith("the kept audio seems to hold a second speaker too (a change near second ")
+    assert abs(float(warning.split("second ")[2].split(" ")[0]) - parts[1][0]) <= 0.6, (warning, parts)
+    assert audio._second_speaker(x32, voiced, 0, change - 5) == []  # speaker a's part alone
 
 
 def test_the_stored_scenario_with_two_speakers_keeps_speaker_a() -> None:
@@ -53,7 +70,7 @@ def test_the_stored_scenario_with_two_speakers_keeps_speaker_a() -> None:
     ref = _prepare(x)
     b_start, b_end = next((s, e) for s, e, what in spans if what == "speech_b")
     assert ref.end_s <= b_start + audio.FRAME_S or ref.start_s >= b_end - audio.FRAME_S, (ref.start_s, ref.end_s)
-    assert ref.duration_s >= 7.0 and len(_speaker_warnings(ref)) == 1
+    assert ref.duration_s >= 7.0 and _speaker_warnings(ref) == [ref.kept]
 
 
 @pytest.mark.parametrize("name", ONE_VOICE + NOT_SPEAKERS)
@@ -105,9 +122,14 @@ async def test_the_warning_reaches_the_person_who_made_the_voice(synth) -> None:
     x, _ = build(CASES["a then a with formants +12 %"][0])
     buf = io.BytesIO()
     sf.write(buf, x, SPEECH_RATE, format="WAV")
-    _, warnings = await synth.voicing.create("duo", buf.getvalue(), "duo.wav", transcript="The quick brown fox.",
-                                             language="en", consent=CONSENT)
-    assert len([w for w in warnings if w.startswith("the clip has more than one speaker; the voice uses")]) == 1
+    voice, warnings = await synth.voicing.create("duo", buf.getvalue(), "duo.wav", transcript="The quick brown fox.",
+                                                 language="en", consent=CONSENT)
+    (line,) = [w for w in warnings if w.startswith("the clip has more than one speaker; the voice uses")]
+    # the transcript was of both voices' words, and the kept audio is one voice's: it is not stored
+    assert line.endswith(", so its transcript was not stored and the voice is reference-free; to keep a transcript, "
+                         "send only the seconds you want, with the words said in them"), line
+    assert voice.prompt_text == "" and voice.prompt.prompt_phones.size == 0
+    assert not any("second speaker" in w for w in warnings), warnings
 
 
 def test_pitch_of_a_voice_and_of_noise() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from synthesis.text import frontend
 from synthesis.text import TextError, cantonese, text_to_phonemes
 from synthesis.text.frontend import bert_features, speakable_languages
 from synthesis.text.symbols import phones_to_ids
@@ -94,6 +95,7 @@ def test_missing_package_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     cantonese._jyutping.cache_clear()  # pyright: ignore[reportPrivateUsage]
+    frontend._missing.cache_clear()  # pyright: ignore[reportPrivateUsage]  # (looked up once per process)
     try:
         with pytest.raises(TextError, match=r"ToJyutping==3\.2\.0") as info:
             text_to_phonemes("你好呀", "yue")
@@ -102,6 +104,7 @@ def test_missing_package_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) 
         assert not {"yue", "all_yue", "auto_yue"} & set(speakable) and {"zh", "auto"} <= set(speakable)
     finally:
         cantonese._jyutping.cache_clear()  # pyright: ignore[reportPrivateUsage]
+        frontend._missing.cache_clear()  # pyright: ignore[reportPrivateUsage]
 
 
 def test_loads_lazily() -> None:

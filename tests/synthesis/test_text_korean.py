@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from synthesis.text import frontend
 from synthesis.text import TextError, korean, text_to_phonemes
 from synthesis.text.frontend import bert_features, speakable_languages
 from synthesis.text.symbols import symbol_ids
@@ -98,6 +99,7 @@ def test_missing_package_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     korean._g2pk.cache_clear()  # pyright: ignore[reportPrivateUsage]
+    frontend._missing.cache_clear()  # pyright: ignore[reportPrivateUsage]  # (looked up once per process)
     try:
         with pytest.raises(TextError, match=r"g2pk2==0\.0\.3") as info:
             text_to_phonemes("안녕하세요", "ko")
@@ -106,6 +108,7 @@ def test_missing_package_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) 
         assert "auto" in speakable_languages()  # Korean pieces in auto need Korean; the mode itself does not
     finally:
         korean._g2pk.cache_clear()  # pyright: ignore[reportPrivateUsage]
+        frontend._missing.cache_clear()  # pyright: ignore[reportPrivateUsage]
 
 
 def test_loads_lazily_and_never_imports_the_downloading_module() -> None:

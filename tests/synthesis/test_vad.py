@@ -11,9 +11,10 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from synthesis import audio
+from synthesis import audio, vad
+from synthesis.types import AudioInputError
 from synthesis.vad import VAD_FRAME, model_path, speech_probability
-from tests.audio_samples import SPEECH_RATE, recorded_speech, upload_scenarios
+from tests.audio_samples import NOT_A_VOICE, SPEECH_RATE, beeps, recorded_speech, speech_like, upload_scenarios
 
 
 def _speech_share(x: np.ndarray, spans: list[tuple[float, float, str]], ref: audio.Reference) -> tuple[float, float]:
@@ -64,11 +65,35 @@ def test_loudness_alone_takes_the_noise_burst() -> None:
     assert other >= 4.0 and speech <= 6.0, (speech, other)
 
 
-def test_signal_the_detector_does_not_hear_as_voice_falls_back_to_loudness() -> None:
-    """Synthetic buzz is no voice to the detector; it is still accepted, chosen by loudness as before."""
-    from tests.synthesis.test_audio import fake_speech
+@pytest.mark.parametrize("name", list(NOT_A_VOICE))
+def test_a_clip_without_a_voice_is_refused_in_one_line(name: str) -> None:
+    """Music, tones and noise bursts: loud, with pauses like speech; before, loudness alone made them a voice."""
+    x = NOT_A_VOICE[name](12.0, 48_000)
+    data = audio.encode_audio(x, 48_000, "flac")
+    dec = audio.decode_upload(data, "clip.flac", max_bytes=10**7, max_seconds=60.0)
+    with pytest.raises(AudioInputError) as e:
+        audio.prepare_reference(dec)
+    assert str(e.value) == ("no speech found: the voice detector hears no one speaking in this 12.0 s clip (0.0 s of "
+                            "voice), only music, tones or noise; record yourself speaking")
+    with mock.patch.object(audio, "_voice_frames", lambda *a: None):  # what loudness alone made of it
+        assert audio.prepare_reference(dec).duration_s >= 3.0
 
-    x = np.zeros(SPEECH_RATE * 10, np.float32)
-    x[2 * SPEECH_RATE : 8 * SPEECH_RATE] = fake_speech(6.0, SPEECH_RATE, seed=7)
-    ref = audio.prepare_reference(audio.Decoded(x, SPEECH_RATE, 10.0))
-    assert 1.7 <= ref.start_s <= 2.2 and 7.8 <= ref.end_s <= 8.3, (ref.start_s, ref.end_s)
+
+@pytest.mark.parametrize("f0,seed", [(100.0, 0), (140.0, 1), (180.0, 9), (250.0, 3)])
+def test_the_tests_speech_is_a_voice_to_the_detector(f0: float, seed: int) -> None:
+    """tests.audio_samples.speech_like (every test's voice clip) is accepted by the rule that refuses the above."""
+    ref = audio.prepare_reference(audio.Decoded(speech_like(4.0, f0, seed, 32000), 32000, 4.0))
+    assert 3.0 <= ref.duration_s <= 4.0 and ref.warnings == [] and not ref.speech_left_out, ref
+
+
+def test_without_the_detector_loudness_decides_and_the_person_is_told(monkeypatch) -> None:
+    """silero-vad missing (model_path None): tones with gaps pass for speech, and the warning says so and who fixes it."""
+    monkeypatch.setattr(vad, "model_path", lambda: None)
+    monkeypatch.setattr(vad, "_session", None)
+    monkeypatch.setattr(vad, "_unavailable", None)
+    assert vad.speech_probability(recorded_speech()) is None
+    x = beeps(8.0, SPEECH_RATE)
+    ref = audio.prepare_reference(audio.Decoded(x, SPEECH_RATE, 8.0))
+    assert ref.warnings[0] == audio.NO_DETECTOR_WARNING and "\n" not in audio.NO_DETECTOR_WARNING
+    speech = audio.prepare_reference(audio.Decoded(recorded_speech(), SPEECH_RATE, 9.03))
+    assert speech.warnings == [audio.NO_DETECTOR_WARNING] and speech.duration_s >= 7.0
