@@ -24,7 +24,7 @@ import pickle
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence, TypeGuard, cast
+from typing import Any, Collection, Sequence, TypeGuard, cast
 
 import torch
 
@@ -55,6 +55,8 @@ VERSION_MAGICS: dict[bytes, tuple[str, bool]] = {
     b"04": ("v4 LoRA", False),
     b"05": ("v2Pro", True),
     b"06": ("v2ProPlus", True),
+    b"07": ("v5dev", False),
+    b"08": ("v5turbo", False),
 }
 V2PRO_VERSIONS = ("v2Pro", "v2ProPlus")  # SoVITS families that also condition on the speaker-verification features
 # The extra SoVITS weights of v2Pro/v2ProPlus (upstream ``is_v2pro``): sv_emb Linear, PReLU, ge_to512 Linear.
@@ -386,8 +388,11 @@ def model_id(models: Any, *more: str) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
-def _load_torch_file(path: Path, kind: str) -> Any:
-    """Open a torch checkpoint safely: check the magic, then unpickle with the weights-only unpickler."""
+def _load_torch_file(path: Path, kind: str, accept: Collection[bytes] = ()) -> Any:
+    """Open a torch checkpoint safely: check the magic, then unpickle with the weights-only unpickler.
+
+    ``accept``: version tags this caller reads (besides the supported v2 ones); the diffusion families' loader
+    (:mod:`engines.gpt_sovits.dit_checkpoint`) passes theirs."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -404,7 +409,7 @@ def _load_torch_file(path: Path, kind: str) -> Any:
         source, mmap = str(path), True
     elif head in VERSION_MAGICS:
         name, supported = VERSION_MAGICS[head]
-        if not supported:
+        if not supported and head not in accept:
             raise ModelFormatError(f"{path}: {name} files are not supported yet; {SUPPORTED_HINT}.")
         # Restore the zip magic in memory only; the file on disk stays as it is.
         data = bytearray(path.read_bytes())
@@ -429,7 +434,13 @@ def _load_torch_file(path: Path, kind: str) -> Any:
             ) from None
         raise ModelFormatError(f"{path} is corrupt ({e}); download it again.") from e
     except (RuntimeError, EOFError, ValueError, KeyError, OSError) as e:
-        raise ModelFormatError(f"{path} is truncated or corrupt ({e}); download it again.") from e
+        raise ModelFormatError(f"{path} is truncated or corrupt ({_brief(e)}); download it again.") from e
+
+
+def _brief(e: BaseException) -> str:
+    """The first sentence of a backend error (torch's zip errors run to several), for a one-line message."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text.split(". ")[0][:160]
 
 
 def _unsafe_globals(path: Path, head: bytes) -> list[str]:

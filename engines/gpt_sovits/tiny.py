@@ -50,7 +50,8 @@ MODEL_SET_LAYOUT = {
     "bert": "chinese-roberta-wwm-ext-large",
 }
 SV_LAYOUT = "sv/pretrained_eres2netv2w24s4ep4.ckpt"  # the SV model of a v2Pro/v2ProPlus set
-FAMILIES = ("v2", "v2Pro", "v2ProPlus")
+FAMILIES = ("v2", "v2Pro", "v2ProPlus", "v3", "v4", "v5dev", "v5turbo")
+DIT_FAMILIES = ("v3", "v4", "v5dev", "v5turbo")  # written by engines.gpt_sovits.tiny_dit
 # What v2Pro/v2ProPlus change in the SoVITS config (upstream configs/s2v2Pro.json, s2v2ProPlus.json): gin 1024 at the
 # real size (tiny keeps its gin), upsample_initial_channel (x1.5 in v2ProPlus) and the first upsample kernel 16 -> 20.
 V2PRO_GIN = {"tiny": 128, "real": 1024}
@@ -102,13 +103,15 @@ def write_model_set(
     full:
         with ``size="real"``, also write HuBERT and BERT at their released sizes (otherwise they stay tiny).
     family:
-        ``"v2"``, or ``"v2Pro"``/``"v2ProPlus"``: that family's SoVITS (same path) and its SV model.
+        ``"v2"``, or ``"v2Pro"``/``"v2ProPlus"``: that family's SoVITS (same path) and its SV model; or
+        ``"v3"``/``"v4"``/``"v5dev"``/``"v5turbo"``: the GPT at ``s1v3.ckpt`` and that family's SoVITS and vocoder at
+        their released paths (:mod:`engines.gpt_sovits.tiny_dit`).
 
     Returns
     -------
     dict
         ``{"gpt": Path, "sovits": Path, "hubert": Path, "bert": Path}`` (files for the first two, folders after),
-        and ``"sv"`` (a file) for v2Pro/v2ProPlus.
+        and ``"sv"`` (a file) for v2Pro/v2ProPlus, ``"vocoder"`` (a file; v3: a folder) for v3/v4/v5.
     """
     if size not in GPT_SIZES:
         raise ValueError(f"size must be 'tiny' or 'real', got {size!r}")
@@ -117,9 +120,16 @@ def write_model_set(
     root = Path(directory)
     paths = {name: root / rel for name, rel in MODEL_SET_LAYOUT.items()}
     big = size == "real" and full
-    _write_gpt(paths["gpt"], size, seed)
-    _write_sovits(paths["sovits"], size, seed + 1, family)
-    if family != "v2":
+    if family in DIT_FAMILIES:
+        from engines.gpt_sovits.tiny_dit import GPT_LAYOUT, write_dit_family
+
+        paths["gpt"] = root / GPT_LAYOUT
+        _write_gpt(paths["gpt"], size, seed)
+        paths.update(write_dit_family(root, family, size, seed + 1, _atomic))
+    else:
+        _write_gpt(paths["gpt"], size, seed)
+        _write_sovits(paths["sovits"], size, seed + 1, family)
+    if family in V2PRO_TAG:
         paths["sv"] = root / SV_LAYOUT
         sd = sv_state_dict(size, seed + 4)
         _atomic(paths["sv"], lambda tmp: torch.save(sd, tmp))

@@ -1,0 +1,182 @@
+"""The whole decode of a diffusion family: semantic tokens + phones + a reference -> waveform (reference section 0).
+
+:class:`DiffusionDecoder` owns the family's SoVITS (:class:`MelSoVITS`) and vocoder and runs, for a sentence::
+
+    features = sovits.features(tokens, phones, ge)             # [1, C, ~4N] at the mel frame rate
+    mel = cfm.synthesize_mel(dit, prompt, features, steps, cfg)  # normalised, chunked as the family does
+    wav = vocoder(denorm_spec(mel))                             # 48 kHz (v4/v5) or 24 kHz (v3)
+
+A voice's part is computed once (:meth:`DiffusionDecoder.prompt`): the style ``ge`` from the 32 kHz linear
+spectrogram (v2's, loudness-normalised), the reference's features from its tokens and phones, and its mel prompt
+from the raw clip resampled to the family's mel rate (not normalised: upstream's quirk 7).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from engines.gpt_sovits.cfm import MelPrompt, NoiseSource, check_sampling, iter_mel_chunks, synthesize_mel
+from engines.gpt_sovits.dit_checkpoint import load_dit_sovits_checkpoint, load_vocoder48k_checkpoint
+from engines.gpt_sovits.family import FamilySpec
+from engines.gpt_sovits.mel import denorm_spec, log_mel, norm_spec, resample
+from engines.gpt_sovits.mel_sovits import MelSoVITS
+from engines.gpt_sovits.spectrogram import reference_spec_input
+from engines.gpt_sovits.vocoder48k import Vocoder48k
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DiffusionDecoder", "DiffusionPrompt"]
+
+STYLE_RATE = 32000  # Hz: the linear spectrogram ge is computed from (v2's front-end)
+# Mel frames of context the vocoder gets on each side of a streamed piece, so a piece's samples equal those of one
+# call over the whole mel (the vocoders see about +-20 frames; both tiny and released widths have these kernels)
+STREAM_CONTEXT = 32
+
+
+@dataclass(frozen=True)
+class DiffusionPrompt:
+    """A voice as the diffusion families need it.
+
+    Attributes
+    ----------
+    ge:
+        ``[1, gin, 1]`` style vector.
+    prompt:
+        the aligned reference features and normalised mel (:class:`engines.gpt_sovits.cfm.MelPrompt`).
+    """
+
+    ge: Tensor
+    prompt: MelPrompt
+
+
+class DiffusionDecoder:
+    """A v3/v4/v5dev/v5turbo SoVITS with its vocoder. Call its methods under ``torch.inference_mode()``.
+
+    Parameters
+    ----------
+    sovits:
+        the family's SoVITS.
+    vocoder:
+        ``log-mel [1, 100, T] -> wav [1, 1, hop T]`` (:class:`Vocoder48k`; v3: :class:`BigVGAN`).
+    """
+
+    def __init__(self, sovits: MelSoVITS, vocoder: nn.Module | Callable[[Tensor], Tensor]) -> None:
+        self.sovits = sovits
+        self.vocoder = vocoder
+
+    @property
+    def family(self) -> FamilySpec:
+        return self.sovits.family
+
+    @property
+    def sample_rate(self) -> int:
+        """Output rate in Hz (48000, v3: 24000)."""
+        return self.family.vocoder_rate
+
+    @classmethod
+    def load(cls, sovits_path: str | os.PathLike[str], vocoder_path: str | os.PathLike[str],
+             family: str | None = None, device: str | torch.device = "cpu",
+             dtype: torch.dtype = torch.float32) -> DiffusionDecoder:
+        """Load both files (restricted unpickling); ModelFormatError (one line) if either is wrong.
+
+        ``family`` is the configured one; the SoVITS file's own header, name or config decides where it says.
+        """
+        sovits = MelSoVITS.from_checkpoint(load_dit_sovits_checkpoint(sovits_path, family), device, dtype)
+        if sovits.family.name == "v3":
+            from engines.gpt_sovits.bigvgan import BigVGAN  # v3 only
+
+            vocoder: nn.Module = BigVGAN.from_folder(Path(vocoder_path), device, dtype)
+        else:
+            vocoder = Vocoder48k.from_state_dict(load_vocoder48k_checkpoint(vocoder_path), device, dtype)
+        return cls(sovits, vocoder)
+
+    def prompt(self, ref_wav: Tensor | np.ndarray, ref_rate: int, ref_codes: Tensor, ref_phones: Tensor) -> DiffusionPrompt:
+        """A voice's prompt from its reference clip, its semantic tokens and its transcript's phones.
+
+        Parameters
+        ----------
+        ref_wav:
+            ``[N]`` or ``[1, N]`` float mono at ``ref_rate`` (as loaded; no normalisation).
+        ref_codes, ref_phones:
+            ``[1, 1, Nr]`` and ``[1, P]`` int64.
+
+        Raises
+        ------
+        ValueError
+            the clip or its transcript is too short for one frame (one line, with the fix).
+        """
+        if ref_phones.numel() == 0:
+            raise ValueError(f"{self.family.name} needs the reference's transcript (prompt_text); add it to the voice")
+        if ref_codes.numel() == 0:
+            raise ValueError("the reference gave no semantic tokens; record a longer reference clip")
+        wav = torch.as_tensor(ref_wav).float().reshape(1, -1)
+        spec = self.family
+        device = self.sovits.codebook.device
+        min_samples = spec.mel_fft * ref_rate // spec.mel_rate + 1
+        if wav.shape[-1] < min_samples:
+            raise ValueError(f"the reference clip is too short ({wav.shape[-1] / ref_rate:.2f} s); record 3 to 10 s")
+        ge = self.sovits.ref_style(reference_spec_input(resample(wav, ref_rate, STYLE_RATE)).to(device))
+        features = self.sovits.features(ref_codes.to(device), ref_phones.to(device), ge)
+        mel = norm_spec(log_mel(resample(wav, ref_rate, spec.mel_rate), spec.mel_rate, spec.mel_fft, spec.mel_hop))
+        return DiffusionPrompt(ge=ge, prompt=MelPrompt.from_reference(features, mel.to(device), spec))
+
+    def mel(self, codes: Tensor, phones: Tensor, voice: DiffusionPrompt, steps: int | None = None,
+            cfg: float | None = None, speed: float = 1.0, noise: NoiseSource | None = None,
+            generator: torch.Generator | None = None) -> Tensor:
+        """A sentence's normalised mel ``[1, 100, T]`` (steps/cfg default to the family's; see :func:`check_sampling`)."""
+        n, rate = check_sampling(self.family, steps, cfg)
+        device = self.sovits.codebook.device
+        features = self.sovits.features(codes.to(device), phones.to(device), voice.ge, speed)
+        return synthesize_mel(self.sovits.dit, voice.prompt, features, self.family, n, rate, noise, generator)
+
+    def vocode(self, mel: Tensor) -> Tensor:
+        """Normalised mel ``[1, 100, T]`` -> waveform ``[T * hop]`` float32 at :attr:`sample_rate`."""
+        return self.vocoder(denorm_spec(mel))[0, 0].float()
+
+    def decode(self, codes: Tensor, phones: Tensor, voice: DiffusionPrompt, steps: int | None = None,
+               cfg: float | None = None, speed: float = 1.0, noise: NoiseSource | None = None,
+               generator: torch.Generator | None = None) -> Tensor:
+        """A sentence's waveform ``[T * hop]`` float32 (upstream: one vocoder call over the whole mel)."""
+        return self.vocode(self.mel(codes, phones, voice, steps, cfg, speed, noise, generator))
+
+    def stream(self, codes: Tensor, phones: Tensor, voice: DiffusionPrompt, steps: int | None = None,
+               cfg: float | None = None, speed: float = 1.0, noise: NoiseSource | None = None,
+               generator: torch.Generator | None = None, context: int = STREAM_CONTEXT) -> Iterator[Tensor]:
+        """A sentence's waveform in pieces, one per sampler chunk (the first after the first chunk's steps).
+
+        Each piece is vocoded with ``context`` mel frames on both sides, and the last ``context`` frames of a chunk
+        wait for the next one, so the joined pieces equal :meth:`decode`'s waveform (to float rounding).
+
+        Yields
+        ------
+        Tensor
+            ``[n * hop]`` float32 at :attr:`sample_rate`; together, :meth:`decode`'s samples.
+        """
+        n, rate = check_sampling(self.family, steps, cfg)
+        device = self.sovits.codebook.device
+        features = self.sovits.features(codes.to(device), phones.to(device), voice.ge, speed)
+        hop = self.family.vocoder_hop
+        mel: Tensor | None = None
+        done = 0  # frames whose samples were yielded
+        total = int(features.shape[-1])
+        for chunk in iter_mel_chunks(self.sovits.dit, voice.prompt, features, self.family, n, rate, noise, generator):
+            mel = chunk if mel is None else torch.cat((mel, chunk), dim=-1)
+            have = int(mel.shape[-1])
+            ready = have if have >= total else have - context  # the last chunk has no next one to wait for
+            if ready > done:
+                yield self._piece(mel, done, ready, context, hop)
+                done = ready
+
+    def _piece(self, mel: Tensor, start: int, end: int, context: int, hop: int) -> Tensor:
+        """Samples of frames ``[start, end)``, vocoded with up to ``context`` frames of mel on each side."""
+        lo, hi = max(0, start - context), min(int(mel.shape[-1]), end + context)
+        wav = self.vocode(mel[..., lo:hi])
+        return wav[(start - lo) * hop : (end - lo) * hop]
