@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--ref-lang", default=None, help="language of --ref-text (default: --lang)")
     sp.add_argument("--lang", default=None, help="text language (default from config)")
     sp.add_argument("--seed", type=int, default=None)
+    sp.add_argument("--style", default="", help="a named style of --voice (voices add-style)")
     sp.add_argument("-o", "--output", type=Path, required=True)
     sp.add_argument("--timings", action="store_true", help="print time to first audio and per-sentence times")
     sp.add_argument("--json", action="store_true", help="with --timings: one JSON object on stdout")
@@ -54,6 +55,20 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("clip", type=Path)
     sp.add_argument("--text", default=None, help="what is said in the clip (empty: reference-free)")
     sp.add_argument("--lang", default="auto")
+    sp.add_argument("--extra", type=Path, nargs="+", default=[], metavar="CLIP",
+                    help="more clips of the same voice: their timbre is averaged in (the transcript stays CLIP's)")
+    sp = vsub.add_parser("add-clip", parents=[common], help="add extra clips to a voice (timbre averaged in)")
+    sp.add_argument("name")
+    sp.add_argument("clips", type=Path, nargs="+")
+    sp = vsub.add_parser("add-style", parents=[common], help="add a named style (its own clip and transcript)")
+    sp.add_argument("name")
+    sp.add_argument("style", help='e.g. "calm", "excited"; chosen per request')
+    sp.add_argument("clip", type=Path)
+    sp.add_argument("--text", default="", help="what is said in the clip (empty: reference-free)")
+    sp.add_argument("--lang", default="auto")
+    sp = vsub.add_parser("remove-style", parents=[common])
+    sp.add_argument("name")
+    sp.add_argument("style")
     vsub.add_parser("list", parents=[common])
     sp = vsub.add_parser("delete", parents=[common])
     sp.add_argument("name")
@@ -164,7 +179,24 @@ def _download(config: Any, args: argparse.Namespace) -> int:
     written = download_models(dest, m.download_base_url, files)
     print(f"{len(written)} file(s) of the {m.family} set downloaded into {dest}" if written
           else f"all {m.family} model files present in {dest}")
+    _download_text_files(m, dest)
     return 0
+
+
+def _download_text_files(m: Any, dest: Path) -> None:
+    """The front-end's optional files: a line for what was done, a note for what was skipped or failed."""
+    from bot.downloads import download_frontend_files
+
+    if not m.frontend_assets:
+        print("note: the text front-end's optional files were skipped (models.frontend_assets: false)")
+        return
+    got = download_frontend_files(dest, m.text_base_url, m.g2pw_url)
+    for problem in got.failed:  # optional: speech works without them, so the command still succeeds
+        print(f"note: {problem} (optional: speech works without it)", file=sys.stderr)
+    if got.written:
+        print(f"{len(got.written)} text front-end file(s) downloaded into {dest}")
+    elif not got.failed:
+        print(f"all text front-end files present in {dest}")
 
 
 def _check_models(config: Any) -> str | None:
@@ -180,17 +212,22 @@ def _check_models(config: Any) -> str | None:
 
 def _discord_token(config: Any) -> str | None:
     """The bot token from its environment variable, or None after saying how to set it."""
+    from bot.token_shape import token_shape_error
+
     token = config.secret(config.discord.token_env)
     if token is None:
         print(f"set the {config.discord.token_env} environment variable to your bot token "
               f"(Discord developer portal -> your application -> Bot -> Reset Token)", file=sys.stderr)
+        return None
+    if (error := token_shape_error(token, config.discord.token_env)) is not None:
+        print(error, file=sys.stderr)  # a client secret or an id pasted by mistake: said without asking Discord
+        return None
     return token
 
 
-def _run(config: Any, args: argparse.Namespace) -> int:
-    token = _discord_token(config)
-    if token is None:
-        return 2
+def _voice_libraries_error() -> str | None:
+    """One line naming the missing voice library (libopus: Opus audio; davey: DAVE, Discord's end-to-end
+    encryption, required in every voice channel but Stage channels) and how to install it; None when both load."""
     import discord.opus
 
     if not discord.opus.is_loaded():
@@ -199,8 +236,22 @@ def _run(config: Any, args: argparse.Namespace) -> int:
         except Exception:  # noqa: BLE001
             pass
     if not discord.opus.is_loaded():
-        print("libopus was not found: install it (Debian/Ubuntu: sudo apt-get install libopus0; "
-              "macOS: brew install opus)", file=sys.stderr)
+        return ("libopus was not found: install it (Debian/Ubuntu: sudo apt-get install libopus0; "
+                "macOS: brew install opus)")
+    try:
+        import davey  # noqa: F401
+    except ImportError:
+        return ("the davey package (DAVE, the voice encryption Discord requires) is missing: install it with "
+                "`.venv/bin/pip install davey` (or run `make run`)")
+    return None
+
+
+def _run(config: Any, args: argparse.Namespace) -> int:
+    token = _discord_token(config)
+    if token is None:
+        return 2
+    if (missing := _voice_libraries_error()) is not None:
+        print(missing, file=sys.stderr)
         return 2
     if (missing := _check_models(config)) is not None:
         print(missing, file=sys.stderr)
@@ -275,15 +326,26 @@ def _read_clip(config: Any, path: Path) -> bytes:
     return read_upload_file(path, max_bytes=int(config.voices.max_upload_mb * MB))
 
 
+def _open_voices(config: Any) -> tuple[Any, Any]:
+    """The voice store opened with its cache, as the bot opens it: a delete a kill cut short is finished, cache
+    entries included, whichever command runs next. Returns (store, cache); the caller closes the cache."""
+    from bot.services import open_stores
+
+    return open_stores(config)
+
+
 def _find_voice(config: Any, name: str) -> Any:
     """A stored voice by name or id (VoiceNotFound names how to list them)."""
-    from synthesis import VoiceNotFound, VoiceStore
+    from synthesis import VoiceNotFound
 
-    store = VoiceStore(config.voices.dir)
+    store, cache = _open_voices(config)
     try:
-        return store.get(name)
-    except VoiceNotFound:
-        return store.find(name)
+        try:
+            return store.get(name)
+        except VoiceNotFound:
+            return store.find(name)
+    finally:
+        cache.close()
 
 
 async def _say_async(config: Any, args: argparse.Namespace) -> int:
@@ -302,6 +364,8 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
             params = dataclasses.replace(params, language=args.lang)
         if args.seed is not None:
             params = dataclasses.replace(params, seed=args.seed)
+        if args.style:
+            params = dataclasses.replace(params, style=args.style)
         temp_voice = None
         if args.ref is not None:
             lang = args.ref_lang or params.language
@@ -368,6 +432,7 @@ def _voices_add(config: Any, args: argparse.Namespace) -> int:
     check_name(args.name)  # what the store would refuse is refused before the clip is read or encoded
     _check_language(args.lang, "--lang")
     clip = _read_clip(config, args.clip)
+    extras = [(_read_clip(config, path), path.name) for path in args.extra]
     if (missing := _check_models(config)) is not None:
         print(missing, file=sys.stderr)
         return 2
@@ -388,9 +453,18 @@ def _voices_add(config: Any, args: argparse.Namespace) -> int:
                     args.name, clip, args.clip.name, transcript=args.text, language=args.lang,
                     consent=_OPERATOR_CONSENT,
                     progress=progress)
+            if extras:
+                try:
+                    voice, more = await synth.voicing.add_clips(voice, extras)
+                except BaseException:
+                    await synth.voicing.delete(voice.id)  # a voice without the clips asked for is not kept
+                    raise
+                warnings = [*warnings, *more]
             for w in warnings:
                 print(f"warning: {w}", file=sys.stderr)
             text = "with its transcript" if voice.prompt_text else "reference-free (no transcript)"
+            if extras:
+                text += f", and {len(extras)} extra clip(s) averaged into its timbre"
             print(f"voice {voice.name!r} created (id {voice.id}) from {_kept_seconds(synth.voices.meta(voice.id))}, "
                   f"{text}")
             if args.text and not voice.prompt_text:  # the clip had speech outside the kept seconds (the warning)
@@ -415,17 +489,78 @@ async def _precompute_with_bar(synth: Any, voice: Any, phrases: Sequence[str]) -
         await synth.voicing.precompute(voice, phrases, progress)
 
 
-def _voices_list(config: Any, args: argparse.Namespace) -> int:
-    from synthesis import VoiceStore
+def _voices_add_clip(config: Any, args: argparse.Namespace) -> int:
+    clips = [(_read_clip(config, path), path.name) for path in args.clips]
+    return _with_voice(config, args.name, lambda synth, voice: synth.voicing.add_clips(voice, clips),
+                       f"{len(clips)} extra clip(s) averaged into the timbre of")
 
-    store = VoiceStore(config.voices.dir)
+
+def _voices_add_style(config: Any, args: argparse.Namespace) -> int:
+    from synthesis import check_name
+
+    check_name(args.style, "style name")
+    _check_language(args.lang, "--lang")
+    clip = _read_clip(config, args.clip)
+    return _with_voice(config, args.name, lambda synth, voice: synth.voicing.add_style(
+        voice, args.style, clip, args.clip.name, transcript=args.text, language=args.lang),
+        f"style {args.style!r} stored with")
+
+
+def _voices_remove_style(config: Any, args: argparse.Namespace) -> int:
+    async def remove(synth: Any, voice: Any) -> tuple[Any, list[str]]:
+        return await synth.voicing.remove_style(voice, args.style), []
+
+    return _with_voice(config, args.name, remove, f"style {args.style!r} removed from")
+
+
+def _with_voice(config: Any, name: str, change: Any, done: str) -> int:
+    """Run ``change(synth, voice)`` (-> (voice, warnings)) on a stored voice with the loaded model; say what it did."""
+    if (missing := _check_models(config)) is not None:
+        print(missing, file=sys.stderr)
+        return 2
+
+    async def go() -> int:
+        from synthesis import VoiceNotFound
+
+        from bot.services import build_synthesizer
+
+        synth = build_synthesizer(config)
+        try:
+            try:
+                voice = synth.voices.get(name)
+            except VoiceNotFound:
+                voice = synth.voices.find(name)
+            voice, warnings = await change(synth, voice)
+            for w in warnings:
+                print(f"warning: {w}", file=sys.stderr)
+            print(f"{done} voice {voice.name!r} (now version {voice.version})")
+            if config.phrases:  # a new version: its phrases are precomputed again
+                await _precompute_with_bar(synth, voice, config.phrases)
+            return 0
+        finally:
+            await synth.close()
+
+    return asyncio.run(go())
+
+
+def _voices_list(config: Any, args: argparse.Namespace) -> int:
+    store, cache = _open_voices(config)
+    cache.close()  # (its start-up finished any delete a kill cut short; listing reads no cache)
     voices = store.list()
     if not voices:
         print("no voices yet: add one with `python -m bot voices add NAME CLIP --text \"...\"`")
     for v in voices:
         print(f"{v.name:24} {v.id}  owner {v.owner_id}  v{v.version}  {v.language:6} "
-              f"{'reference-free' if not v.prompt_text else repr(v.prompt_text[:40])}  {_kept_seconds(store.meta(v.id))}")
+              f"{'reference-free' if not v.prompt_text else repr(v.prompt_text[:40])}  {_kept_seconds(store.meta(v.id))}"
+              + _clips_and_styles(v))
     return 0
+
+
+def _clips_and_styles(voice: Any) -> str:
+    """What a voice has beyond its main clip, for a listing ("" when nothing)."""
+    extra = "" if voice.clip_ges is None else f"  +{voice.clip_ges.shape[0] - 1} clip(s)"
+    styles = ", ".join(sorted(s.name for s in voice.styles.values()))
+    return extra + (f"  styles: {styles}" if styles else "")
 
 
 def _kept_seconds(meta: dict[str, Any]) -> str:
@@ -533,10 +668,12 @@ def _read_file(path: Path) -> bytes:
 
 def _phonemes(config: Any, args: argparse.Namespace) -> int:
     from bot.pronunciations import explain_phonemes, format_explanation
+    from bot.services import configure_text_files
 
     language = args.lang or config.synthesis.language
     _check_language(language, "--lang")
     lexicon = _read_dictionary(config, args)
+    configure_text_files(config.models)  # the readings the bot would give, with the files it would read
     report = asyncio.run(explain_phonemes(args.text, language, lexicon))
     print(json.dumps(report, ensure_ascii=False) if args.json else format_explanation(report))
     return 0
@@ -574,6 +711,9 @@ _COMMANDS = {
     ("say", None): _say,
     ("voices", "add"): _voices_add,
     ("voices", "list"): _voices_list,
+    ("voices", "add-clip"): _voices_add_clip,
+    ("voices", "add-style"): _voices_add_style,
+    ("voices", "remove-style"): _voices_remove_style,
     ("voices", "delete"): _voices_delete,
     ("phrases", "precompute"): _phrases_precompute,
     ("phonemes", None): _phonemes,

@@ -10,7 +10,7 @@ import importlib
 import logging
 import ssl
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import discord
@@ -59,6 +59,14 @@ def ssl_context_for(cfg: DiscordConfig) -> ssl.SSLContext:
 
 
 TOKEN_CHECK_TIMEOUT_S = 15.0  # seconds to wait for Discord's answer about the token
+# Application flags (GET /applications/@me): the Message Content intent is on when either is set (LIMITED: a bot in
+# under 100 servers that switched it on in the portal; the other: a verified bot approved for it).
+APP_FLAG_GATEWAY_MESSAGE_CONTENT = 1 << 18
+APP_FLAG_GATEWAY_MESSAGE_CONTENT_LIMITED = 1 << 19
+MESSAGE_CONTENT_OFF = (
+    "the Message Content intent is off for this bot, and auto-read needs it: turn it on (Discord developer portal -> "
+    "your application -> Bot -> Privileged Gateway Intents -> Message Content Intent), then start again"
+)
 
 
 def _token_refused(cfg: DiscordConfig) -> ConfigError:
@@ -73,28 +81,44 @@ def _unreachable(cfg: DiscordConfig, e: BaseException) -> SpeechError:
 
 
 async def check_token(cfg: DiscordConfig, token: str) -> None:
-    """Ask Discord whether ``token`` is a bot token it accepts (``GET /users/@me``), in one request.
+    """Ask Discord whether ``token`` is a bot token it accepts (``GET /users/@me``) and whether its application has
+    the Message Content intent (``GET /applications/@me``, its ``flags``): two requests, before any model loads.
 
     Raises
     ------
     ConfigError
-        Discord refused the token (the message names the environment variable).
+        Discord refused the token (the message names the environment variable), or the Message Content intent is
+        off (the message says where to switch it on).
     SpeechError
-        Discord could not be reached, or answered with something other than a user.
+        Discord could not be reached, or answered with an error.
     """
-    url = cfg.api_base.rstrip("/") + "/users/@me"
+    base = cfg.api_base.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=TOKEN_CHECK_TIMEOUT_S)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            async with session.get(url, headers={"Authorization": f"Bot {token}"},
-                                   ssl=ssl_context_for(cfg)) as resp:
-                if resp.status == 401:
-                    raise _token_refused(cfg)
-                if resp.status >= 400:
-                    raise SpeechError(f"Discord answered {resp.status} {resp.reason} to the token check at {url}; "
-                                      "try again later")
+            await _get_json(session, cfg, base + "/users/@me", token)
+            app = await _get_json(session, cfg, base + "/applications/@me", token)
     except (aiohttp.ClientError, OSError, TimeoutError) as e:
         raise _unreachable(cfg, e) from None
+    flags = app.get("flags") if isinstance(app, dict) else None
+    if not isinstance(flags, int):
+        raise SpeechError(f"Discord's answer at {base}/applications/@me has no application flags; try again later")
+    if not flags & (APP_FLAG_GATEWAY_MESSAGE_CONTENT | APP_FLAG_GATEWAY_MESSAGE_CONTENT_LIMITED):
+        raise ConfigError(MESSAGE_CONTENT_OFF)
+
+
+async def _get_json(session: aiohttp.ClientSession, cfg: DiscordConfig, url: str, token: str) -> Any:
+    """One authorised GET; the token refused or another error status as one-line errors."""
+    async with session.get(url, headers={"Authorization": f"Bot {token}"}, ssl=ssl_context_for(cfg)) as resp:
+        if resp.status == 401:
+            raise _token_refused(cfg)
+        if resp.status >= 400:
+            raise SpeechError(f"Discord answered {resp.status} {resp.reason} to the token check at {url}; "
+                              "try again later")
+        try:
+            return await resp.json(content_type=None)
+        except ValueError:
+            raise SpeechError(f"Discord's answer at {url} is not JSON; check discord.api_base in config.yaml") from None
 
 
 def _intents() -> discord.Intents:
@@ -165,6 +189,13 @@ class VoiceBot(commands.Bot):
             raise  # a TLS trust problem (discord.ca_file) is not "unreachable"; check_token words it for the CLI
         except (aiohttp.ClientConnectionError, OSError, TimeoutError) as e:
             raise _unreachable(cfg, e) from None
+
+    async def start(self, token: str, *, reconnect: bool = True) -> None:
+        """Log in and run; the gateway's refusal of the Message Content intent (close code 4014) is one line."""
+        try:
+            await super().start(token, reconnect=reconnect)
+        except discord.PrivilegedIntentsRequired:
+            raise ConfigError(MESSAGE_CONTENT_OFF) from None
 
     async def setup_hook(self) -> None:
         """Load every cog extension (a failure is logged by name and the rest still load), then sync commands."""

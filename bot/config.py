@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from bot.downloads import DEFAULT_FAMILY, MODEL_SETS
+from bot.downloads import DEFAULT_FAMILY, G2PW_URL, MODEL_SETS, TEXT_BASE_URL
 from synthesis import ClusterOptions, Limits, SpeechError, SynthesisParams
 
 
@@ -67,6 +67,11 @@ class ModelsConfig:
     # v2Pro/v2ProPlus SoVITS only: the speaker-verification model of upstream's pretrained set (unused for v2)
     sv: Path = Path("models/sv/pretrained_eres2netv2w24s4ep4.ckpt")
     download_base_url: str = "https://huggingface.co/lj1995/GPT-SoVITS/resolve/main"
+    # the text front-end's optional files (upstream's English dictionaries, the G2PW polyphone model): fetched by
+    # `models download` and read from dir where present; false: neither (the front-end uses its packages' data)
+    frontend_assets: bool = True
+    text_base_url: str = TEXT_BASE_URL  # upstream's GPT_SoVITS/text folder at the pinned commit, or a mirror
+    g2pw_url: str = G2PW_URL  # the G2PWModel.zip archive, or a mirror
 
     def __post_init__(self) -> None:
         if self.family.lower() in ("v3", "v4"):
@@ -74,6 +79,8 @@ class ModelsConfig:
                              "a different decoder and are not supported yet")
         _check_choice("family", self.family, tuple(MODEL_SETS))
         _check_url("download_base_url", self.download_base_url, ("http", "https"))
+        _check_url("text_base_url", self.text_base_url, ("http", "https"))
+        _check_url("g2pw_url", self.g2pw_url, ("http", "https"))
 
 
 @dataclass(frozen=True)

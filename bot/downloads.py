@@ -4,6 +4,9 @@ A file with a published SHA-256 (the v2 set) is checked against it. Upstream pub
 none is invented here: ``s1v3.ckpt`` is checked by its size, and the v2Pro/v2ProPlus SoVITS and the SV model by their
 tensors' names and shapes, read from the file without torch and without running anything from it, against those of
 upstream's released files (:data:`SHAPES`).
+
+The text front-end's optional files come the same way (:func:`download_frontend_files`): upstream's English
+dictionaries by SHA-256, the G2PW model (no published checksum) by its unpacked files and its ONNX model loading.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ import io
 import logging
 import os
 import pickle
+import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Callable, NamedTuple, Sequence
 
 from synthesis import SpeechError
@@ -149,17 +153,19 @@ def download_models(
         log.info("all %d model files present in %s", len(files), dest)
         return written
     for f in todo:
-        written.append(_download_one(dest, base_url, f, progress=progress, opener=opener or urllib.request.urlopen))
+        written.append(_download_one(dest, file_url(base_url, f.path), f, progress=progress,
+                                     opener=opener or urllib.request.urlopen))
     return written
 
 
-def _download_one(dest: Path, base_url: str, f: ModelFile, *, progress: bool, opener: Callable[..., object]) -> Path:
-    """Fetch one file with resume; verify; rename into place."""
+def _download_one(dest: Path, url: str, f: ModelFile, *, progress: bool, opener: Callable[..., object],
+                  setting: str = "models.download_base_url") -> Path:
+    """Fetch one file from ``url`` into ``dest / f.path`` with resume; verify; rename into place (``setting``: the
+    config key an error message names)."""
     from tqdm import tqdm  # the progress bar loads with the first download, not with the config
     target = dest / f.path
     part = target.with_name(target.name + ".part")
     target.parent.mkdir(parents=True, exist_ok=True)
-    url = file_url(base_url, f.path)
     have = part.stat().st_size if part.exists() else 0
     if f.size is not None and have > f.size:
         part.unlink()
@@ -174,9 +180,9 @@ def _download_one(dest: Path, base_url: str, f: ModelFile, *, progress: bool, op
             response = None
         else:
             raise DownloadError(f"downloading {f.path} from {url} failed: HTTP {e.code} {e.reason}. "
-                                f"Check models.download_base_url in config.yaml (a mirror may help)") from e
+                                f"Check {setting} in config.yaml (a mirror may help)") from e
     except (urllib.error.URLError, OSError) as e:
-        raise DownloadError(f"cannot reach {url}: {e}. Check your connection or set models.download_base_url "
+        raise DownloadError(f"cannot reach {url}: {e}. Check your connection or set {setting} "
                             f"to a reachable mirror; the download resumes where it stopped") from e
     if response is not None:
         with response:  # type: ignore[attr-defined]
@@ -211,6 +217,147 @@ def _download_one(dest: Path, base_url: str, f: ModelFile, *, progress: bool, op
     log.info("downloaded %s (%d bytes)", f.path, size)
     return target
 
+
+
+# ---- the text front-end's optional files: upstream's English dictionaries and its G2PW model -----------------------
+
+UPSTREAM_COMMIT = "48b1a0169a28582a8984402f82cf438d3bfa6aca"  # the GPT-SoVITS commit whose text files are pinned
+TEXT_BASE_URL = f"https://raw.githubusercontent.com/RVC-Boss/GPT-SoVITS/{UPSTREAM_COMMIT}/GPT_SoVITS/text"
+G2PW_URL = "https://huggingface.co/XXXXRT/GPT-SoVITS-Pretrained/resolve/main/G2PWModel.zip"  # as install.sh names it
+TEXT_DIR = "gpt-sovits-text"  # under models.dir: upstream's English dictionaries
+G2PW_DIR = "G2PWModel"  # under models.dir: the unpacked G2PW model, with upstream's correction tables beside it
+# Upstream's English front-end files at UPSTREAM_COMMIT (their SHA-256 and sizes in its repository).
+ENGLISH_FILES = (
+    ModelFile("cmudict.rep", "0e601d017d6e6f958443d41cd8922b4cd7598b3ba2056253a33f3e5a35f38494", 3_731_285),
+    ModelFile("cmudict-fast.rep", "53bfef0f27d7dd74d1ba74563d1e076d3e0672ce3596cb2d6c0d52ac9ad01f6d", 3_613_898),
+    ModelFile("engdict-hot.rep", "1c80418fe6fe5d537302ae67afd3612478997b35f2cf37cff52f959ed4334a71", 75),
+    ModelFile("namedict_cache.pickle", "559552094c4a6e995213e3fa586330e078ef8cb3a7a95a3109e945111cd2bfc1", 760_663),
+)
+# Upstream's G2PW corrections (text/g2pw/ at UPSTREAM_COMMIT), read by synthesis from the model's folder.
+G2PW_CORRECTIONS = (
+    ModelFile("polyphonic.rep", "a8f13e2004702cbbf01e2e3fe8436d9d620a0fe4d57176a844704619ffd5df5e", 1_391),
+    ModelFile("polyphonic-fix.rep", "bbfac0e43e5b1db56566e5eb8b147f7e9b57175e07ffe6303195ee6563682f6b", 1_660_967),
+)
+G2PW_ONNX = ("g2pW.onnx", "g2pw.onnx")  # either spelling, as upstream looks for both
+G2PW_TABLES = ("config.py", "POLYPHONIC_CHARS.txt", "MONOPHONIC_CHARS.txt", "bopomofo_to_pinyin_wo_tune_dict.json")
+
+
+class FrontendFiles(NamedTuple):
+    """What :func:`download_frontend_files` did: the paths written, and one line per part that could not be had."""
+
+    written: list[Path]
+    failed: list[str]
+
+
+def english_installed(folder: Path) -> bool:
+    """Whether ``folder`` holds upstream's English dictionaries (all four files)."""
+    return not missing_files(folder, ENGLISH_FILES)
+
+
+def g2pw_installed(folder: Path) -> bool:
+    """Whether ``folder`` holds an unpacked G2PW model (its ONNX file and its tables)."""
+    return (any((folder / n).is_file() for n in G2PW_ONNX)
+            and all((folder / n).is_file() for n in G2PW_TABLES))
+
+
+def download_frontend_files(
+    models_dir: Path,
+    text_base_url: str = TEXT_BASE_URL,
+    g2pw_url: str = G2PW_URL,
+    *,
+    progress: bool = True,
+    opener: Callable[..., object] | None = None,
+) -> FrontendFiles:
+    """Fetch the text front-end's optional files into ``models_dir``: never raises for them, speech works without.
+
+    Upstream's English dictionaries go to ``TEXT_DIR`` (checked by SHA-256 and size, as the model files are). The
+    G2PW archive (no published checksum) is unpacked beside ``G2PW_DIR`` and renamed into place only once its files
+    are all there and its ONNX model loads; upstream's correction tables follow it into that folder. A part that
+    fails is reported in :attr:`FrontendFiles.failed` and left to the next run (downloads resume).
+    """
+    opener = opener or urllib.request.urlopen
+    out = FrontendFiles([], [])
+    text_dir = models_dir / TEXT_DIR
+    try:
+        for f in missing_files(text_dir, ENGLISH_FILES):
+            out.written.append(_download_one(text_dir, file_url(text_base_url, f.path), f, progress=progress,
+                                             opener=opener, setting="models.text_base_url"))
+    except DownloadError as e:
+        out.failed.append(f"upstream's English dictionaries: {e}")
+    try:
+        out.written.extend(_install_g2pw(models_dir, text_base_url, g2pw_url, progress=progress, opener=opener))
+    except DownloadError as e:
+        out.failed.append(f"the G2PW model: {e}")
+    return out
+
+
+def _install_g2pw(models_dir: Path, text_base_url: str, g2pw_url: str, *, progress: bool,
+                  opener: Callable[..., object]) -> list[Path]:
+    """The G2PW model (downloaded, unpacked, checked) and then its correction tables."""
+    target = models_dir / G2PW_DIR
+    written: list[Path] = []
+    if not g2pw_installed(target):
+        if target.exists():
+            raise DownloadError(f"{target} exists but holds no complete G2PW model; remove it and run again")
+        archive = models_dir / (G2PW_DIR + ".zip")
+        if not archive.is_file():  # else a run that stopped while unpacking left it: unpack it again
+            _download_one(models_dir, g2pw_url, ModelFile(archive.name, None), progress=progress, opener=opener,
+                          setting="models.g2pw_url")
+        _unpack_g2pw(archive, target)
+        written.append(target)
+    for f in missing_files(target, G2PW_CORRECTIONS):
+        written.append(_download_one(target, file_url(text_base_url, "g2pw/" + f.path), f, progress=progress,
+                                     opener=opener, setting="models.text_base_url"))
+    return written
+
+
+def _unpack_g2pw(archive: Path, target: Path) -> None:
+    """Unpack into a folder beside ``target``, check it, rename it into place; a bad archive is removed."""
+    staging = target.with_name(target.name + ".unpacking")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        with zipfile.ZipFile(archive) as z:
+            _extract(z, staging)
+        check_g2pw_folder(staging)
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        archive.unlink(missing_ok=True)
+        raise DownloadError(f"{archive.name} is not a usable G2PW model ({e}); it was removed: run again to "
+                            f"download it afresh, or check models.g2pw_url") from e
+    os.replace(staging, target)
+    archive.unlink()
+    log.info("unpacked the G2PW model into %s", target)
+
+
+def _extract(z: zipfile.ZipFile, folder: Path) -> None:
+    """The archive's files into ``folder``, its one top folder (``G2PWModel/``) stripped; unsafe names refused."""
+    members = [m for m in z.infolist() if not m.is_dir() and not m.filename.startswith("__MACOSX/")]
+    parts = [PurePosixPath(m.filename).parts for m in members]
+    for name, p in zip(members, parts):
+        if not p or p[0].startswith("/") or ".." in p or ":" in p[0]:
+            raise ValueError(f"unsafe name {name.filename!r} inside")
+    tops = {p[0] for p in parts if len(p) > 1}
+    strip = 1 if len(tops) == 1 and all(len(p) > 1 for p in parts) else 0
+    for member, p in zip(members, parts):
+        dest = folder.joinpath(*p[strip:])
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with z.open(member) as src, dest.open("wb") as out:
+            shutil.copyfileobj(src, out, CHUNK_BYTES)
+
+
+def check_g2pw_folder(folder: Path) -> None:
+    """Raise ValueError unless ``folder`` holds every file synthesis reads and its ONNX model loads."""
+    onnx_path = next((folder / n for n in G2PW_ONNX if (folder / n).is_file()), None)
+    missing = ([] if onnx_path else [G2PW_ONNX[0]]) + [n for n in G2PW_TABLES if not (folder / n).is_file()]
+    if onnx_path is None or missing:
+        raise ValueError(f"{', '.join(missing)} missing from it")
+    import onnx  # loaded for this check only
+
+    try:
+        onnx.checker.check_model(str(onnx_path))  # parses the file and checks the graph (a path: any size)
+    except Exception as e:  # onnx raises its own checker and protobuf errors, which share no base
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{onnx_path.name} does not load as an ONNX model: {first}") from e
 
 # ---- names and shapes of a checkpoint's tensors, without torch ------------------------------------------------------
 

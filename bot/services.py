@@ -8,11 +8,13 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bot.config import MB, Config
+from bot.config import MB, Config, ModelsConfig
+from bot.downloads import G2PW_DIR, TEXT_DIR, english_installed, g2pw_installed
 from bot.pronunciations import PronunciationFile
 from bot.voice_service import VoiceService
 from engines import load_engine
-from synthesis import DeviceWorker, SynthesisCache, SynthesisParams, Synthesizer, VoiceStore, connect_cluster
+from synthesis import (DeviceWorker, SynthesisCache, SynthesisParams, Synthesizer, VoiceStore, configure_frontend,
+                       connect_cluster)
 
 if TYPE_CHECKING:
     from bot.chat import ChatClient
@@ -63,6 +65,7 @@ def connect_replicas(config: Config, replicas: Config | None = None) -> RemoteSy
     ``replicas``: the config the replicas build from, when not ``config`` (with ``ray.storage: served`` they never
     open its ``voices.dir`` and ``cache.dir``, as on a machine without them).
     """
+    configure_text_files(config.models)  # this process reads text too (voices' transcripts, `phonemes`)
     options = config.ray.options
     replica_config = replicas or config
     if replica_config.engine.threads == 0:  # "every core" means the replica's share of the node's cores
@@ -84,7 +87,23 @@ def open_stores(config: Config) -> tuple[VoiceStore, SynthesisCache]:
 def build_local_synthesizer(config: Config, stores: tuple[VoiceStore, SynthesisCache] | None = None) -> Synthesizer:
     """The engine and its device worker in this process, around ``stores`` (default: :func:`open_stores`; a Ray
     replica passes its own, see ``synthesis.remote``)."""
+    configure_text_files(config.models)  # here, so that a Ray replica's process configures its own front-end
     engine = load_engine(config.engine, config.models)
     voices, cache = stores if stores is not None else open_stores(config)
     worker = DeviceWorker(engine)  # its threads own the engine from here on
     return Synthesizer(worker, voices, cache, defaults=config.synthesis.params, limits=config.limits)
+
+
+def configure_text_files(models: ModelsConfig) -> None:
+    """Point this process's text front-end at the optional files ``models download`` put under ``models.dir``.
+
+    Each part is used where it is complete and ``models.frontend_assets`` is on; else it falls back to its
+    environment variable, else to the data of the front-end's packages (speech never needs these files).
+    """
+    english, g2pw = models.dir / TEXT_DIR, models.dir / G2PW_DIR
+    use_english = models.frontend_assets and english_installed(english)
+    use_g2pw = models.frontend_assets and g2pw_installed(g2pw)
+    configure_frontend(english if use_english else None, g2pw if use_g2pw else None, models.bert)
+    off = "off (models.frontend_assets)" if not models.frontend_assets else "not installed"
+    log.info("text front-end: upstream's English dictionaries %s, G2PW %s", "used" if use_english else off,
+             "used" if use_g2pw else off)

@@ -24,12 +24,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
-from synthesis import BusyError, SpeechError, SynthesisParams, Voice
+from synthesis import BusyError, SpeechError, SynthesisParams, Voice, with_style
 
 from bot.config import Config
 from bot.pronunciations import Pronunciations
 from bot.speaker import ErrorCallback, GuildSpeaker, NotInVoice, SpeechItem
 from bot.store import JournalEntry, Store
+from bot.usage import UsageCounter
 from bot.voice_service import VoiceService
 from bot.textrules import (
     MessageContext,
@@ -57,6 +58,42 @@ class NothingToSay(SpeechError):
 
 class NoVoice(SpeechError):
     """No voice can be used for this member in this guild."""
+
+
+class VoicePermissionMissing(SpeechError):
+    """The bot lacks View Channel, Connect or Speak in the voice channel it would join; the message names them."""
+
+
+# (discord.Permissions attribute, the name Discord's UI shows) the bot needs in a voice channel to be heard there
+_VOICE_PERMISSIONS = (("view_channel", "View Channel"), ("connect", "Connect"), ("speak", "Speak"))
+
+
+def check_voice_permissions(channel: Any) -> None:
+    """Refuse, in one line naming the missing permission, a voice channel the bot could not join or be heard in.
+
+    ``channel`` is a ``discord.VoiceChannel`` (``permissions_for``, ``guild.me``); a channel without them (tests'
+    fakes) passes.
+
+    Raises
+    ------
+    VoicePermissionMissing
+        The bot's permissions there lack View Channel, Connect or Speak.
+    """
+    me = getattr(getattr(channel, "guild", None), "me", None)
+    permissions_for = getattr(channel, "permissions_for", None)
+    if me is None or not callable(permissions_for):
+        return
+    perms = permissions_for(me)
+    if _is_stage(channel) and not getattr(perms, "mute_members", False):
+        where = getattr(channel, "mention", None) or getattr(channel, "name", "that Stage")
+        raise VoicePermissionMissing(f"{where} is a Stage: I would join its audience, where I cannot be heard; give me "
+                                     "the Mute Members permission there (a Stage moderator), or use a voice channel")
+    # the first one missing: Discord (and discord.py) deny the later ones with it, so granting it may be enough
+    missing = next((label for attr, label in _VOICE_PERMISSIONS if not getattr(perms, attr, True)), None)
+    if missing is not None:
+        where = getattr(channel, "mention", None) or getattr(channel, "name", "that voice channel")
+        raise VoicePermissionMissing(f"I need the {missing} permission in {where} to speak there; ask a server "
+                                     "admin to grant it")
 
 
 @dataclass(frozen=True)
@@ -112,7 +149,7 @@ class SpeechService:
             d = self.config.discord
             spk = GuildSpeaker(
                 guild_id,
-                self.synthesizer,
+                UsageCounter(self.synthesizer, self.store, guild_id),  # /stats: counts only, never the text
                 queue_size=d.guild_queue_size,
                 idle_disconnect_s=d.idle_disconnect_s,
                 alone_disconnect_s=d.alone_disconnect_s,
@@ -134,7 +171,9 @@ class SpeechService:
         channel = _voice_channel(member)
         if channel is None:
             raise NotInVoice("join a voice channel first, then use /join")
+        check_voice_permissions(channel)
         await self.speaker(guild.id).join(channel)
+        await _become_stage_speaker(channel)
         return channel
 
     async def leave(self, guild_id: int) -> int:
@@ -164,6 +203,7 @@ class SpeechService:
         attachments: Sequence[Any] = (),
         mentions: Sequence[Any] = (),
         voice: Voice | None = None,
+        style: str = "",
     ) -> SayResult:
         """Read a member's text aloud in the guild's voice channel.
 
@@ -185,6 +225,9 @@ class SpeechService:
             so names resolve without the members intent.
         voice:
             Force a voice (otherwise chosen as the module docstring says).
+        style:
+            A named style of the chosen voice ("" = its main clip); VoiceNotFound names its styles when it has no
+            such style.
 
         Raises
         ------
@@ -200,9 +243,15 @@ class SpeechService:
         spk = self.speaker(guild.id)
         if source != "chat":
             self._check_policy(settings, member, is_bot, spk)
+            await self._check_blocks(guild.id, member)
+        if source == "autoread" and settings["autoread_prefix"]:
+            text = _strip_prefix(text, settings["autoread_prefix"])
         user = {} if is_bot else await self.store.user_settings(member.id, guild.id)
         chosen = voice or await self._resolve_voice(guild.id, member, settings, user)
         params = await self._with_lexicon(self._params(settings, user), guild.id, None if is_bot else member.id)
+        if style:
+            with_style(chosen, style)  # refused here, before anything is queued, in one line naming its styles
+            params = dataclasses.replace(params, style=style)
         rules = self._rules(settings, params.speed)
         ctx = await self._context(guild, text, attachments, mentions)
         cleaned = clean_text(text, ctx, rules)
@@ -211,9 +260,10 @@ class SpeechService:
         await self._connect_for(spk, member, source, settings)
         name = await self._spoken_name(guild, member)
         announce = ""
-        if settings["announce_author"] and source != "chat":
-            attachments_only = bool(attachments) and cleaned == summarize_attachments(attachments)
-            announce = f"{name} " if attachments_only else f"{name} said: "
+        if bool(attachments) and cleaned == summarize_attachments(attachments):
+            cleaned = f"{name} {cleaned}"  # "sent an image" alone would not say who: the name is always read
+        elif settings["announce_author"] and source != "chat":
+            announce = f"{name} said: "
         short = cleaned if len(cleaned) <= SUMMARY_CHARS else cleaned[: SUMMARY_CHARS - 1] + "…"
         item = SpeechItem(
             text=cleaned,
@@ -272,6 +322,9 @@ class SpeechService:
             if member.id not in settings["bot_voices"] and settings["ignore_bots"]:
                 raise SpeechRefused("I don't read other bots here (an admin can give this bot a voice in bot_voices)")
             return  # a bot with an assigned voice is read whatever the member rules say
+        state = getattr(member, "voice", None)
+        if state is not None and _is_stage(getattr(state, "channel", None)) and getattr(state, "suppress", False):
+            raise SpeechRefused("you are in the Stage audience: I only read the Stage's speakers")
         role_id = settings["required_role"]
         if role_id and not _has_role(member, role_id) and not _is_manager(member):
             raise SpeechRefused(f"you need the <@&{role_id}> role for me to read your messages")
@@ -282,6 +335,16 @@ class SpeechService:
                 where = "my voice channel" if bot_channel is not None else "a voice channel"
                 raise SpeechRefused(f"join {where} first: I only read members who are in it")
 
+    async def _check_blocks(self, guild_id: int, member: Any) -> None:
+        """The guild's block list: a blocked member, or a member with a blocked role, is not read."""
+        blocks = await self.store.blocks(guild_id)
+        if not blocks:
+            return
+        role_ids = {getattr(r, "id", None) for r in getattr(member, "roles", ())}
+        if ("user", member.id) in blocks or any(kind == "role" and rid in role_ids for kind, rid in blocks):
+            raise SpeechRefused("you are on this server's block list, so I don't read your messages; ask a server "
+                                "admin if that is a mistake")
+
     async def _connect_for(self, spk: GuildSpeaker, member: Any, source: str, settings: dict[str, Any]) -> None:
         """Make sure the speaker has a voice channel, joining the member's when the source allows it."""
         if spk.is_connected or spk.channel is not None:
@@ -289,7 +352,9 @@ class SpeechService:
         channel = _voice_channel(member)
         may_join = source in ("slash", "context", "chat") or settings["autojoin"]
         if channel is not None and may_join:
+            check_voice_permissions(channel)
             await spk.join(channel)
+            await _become_stage_speaker(channel)
             return
         if channel is None:
             raise NotInVoice("I'm not in a voice channel: join one and use /join")
@@ -368,6 +433,7 @@ class SpeechService:
             settings["default_language"] if settings["default_language"] != "auto" else self._base_params.language
         )
         speed = user.get("speed") or self._base_params.speed
+        speed = min(max(speed, settings["speed_min"]), settings["speed_max"])  # the guild's limits win
         return dataclasses.replace(self._base_params, language=language, speed=speed)
 
     async def _with_lexicon(self, params: SynthesisParams, guild_id: int, user_id: int | None) -> SynthesisParams:
@@ -380,7 +446,8 @@ class SpeechService:
         return TextRules(
             repeat_cap=settings["repeat_cap"],
             max_seconds=settings["max_seconds"],
-            max_chars=self.config.discord.max_message_chars,
+            max_chars=min(self.config.discord.max_message_chars,
+                          settings["max_message_chars"] or self.config.discord.max_message_chars),
             emoji_mode=settings["emoji_mode"],
             speed=speed,
         )
@@ -467,6 +534,30 @@ class SpeechService:
     async def dropped_after_restart(self, guild_id: int) -> list[JournalEntry]:
         """Messages of a guild that the previous run did not read (returned once, then forgotten)."""
         return await self.store.pop_journal(guild_id)
+
+
+def _is_stage(channel: Any) -> bool:
+    """A Stage channel (``discord.StageChannel``): members join its audience, unheard until made speakers."""
+    return getattr(getattr(channel, "type", None), "name", None) == "stage_voice"
+
+
+async def _become_stage_speaker(channel: Any) -> None:
+    """In a Stage, move the bot from the audience to the speakers (a Stage moderator may do it itself)."""
+    if not _is_stage(channel):
+        return
+    me = channel.guild.me
+    try:
+        await me.edit(suppress=False)
+    except Exception as e:  # discord.HTTPException: Discord refused it (a permission changed meanwhile)
+        raise VoicePermissionMissing(f"I joined the Stage {channel.mention} but Discord did not let me speak there "
+                                     f"({e}); give me the Mute Members permission there") from e
+
+
+def _strip_prefix(text: str, prefix: str) -> str:
+    """The auto-read text after the guild's required prefix; SpeechRefused when it does not start with it."""
+    if not text.startswith(prefix):
+        raise SpeechRefused(f"auto-read here only reads messages starting with {prefix!r}")
+    return text[len(prefix):].lstrip()
 
 
 def _voice_channel(member: Any) -> Any:

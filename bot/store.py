@@ -95,6 +95,16 @@ MIGRATIONS: tuple[str, ...] = (
         scope TEXT NOT NULL CHECK (scope IN ('guild', 'user')), owner_id INTEGER NOT NULL, key TEXT NOT NULL,
         entry TEXT NOT NULL, PRIMARY KEY (scope, owner_id, key));
     """,
+    # v5: a guild's block list (members or roles whose messages are not read and who cannot use /say), and its usage
+    # counters for /stats (numbers only: no message text is stored)
+    """
+    CREATE TABLE guild_blocks (
+        guild_id INTEGER NOT NULL, kind TEXT NOT NULL CHECK (kind IN ('user', 'role')), target_id INTEGER NOT NULL,
+        PRIMARY KEY (guild_id, kind, target_id));
+    CREATE TABLE guild_usage (
+        guild_id INTEGER PRIMARY KEY, messages INTEGER NOT NULL DEFAULT 0, characters INTEGER NOT NULL DEFAULT 0,
+        sentences INTEGER NOT NULL DEFAULT 0, cache_hits INTEGER NOT NULL DEFAULT 0, since REAL NOT NULL);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -288,6 +298,14 @@ GUILD_SETTINGS: dict[str, SettingDef] = {
         SettingDef("chat_enabled", "guild", "bool", True, "members may talk to the chat model (/ask)"),
         SettingDef("mention_chat", "guild", "bool", False, "mentioning the bot asks the chat model"),
         SettingDef("bot_voices", "guild", "voice_map", {}, "voice for each bot that is read (bot id -> voice)"),
+        SettingDef("autoread_prefix", "guild", "text", None,
+                   "auto-read only messages starting with this, read without it (none: every message)"),
+        SettingDef("max_message_chars", "guild", "int", None, "longest text read per message, characters "
+                   "(none: the bot's limit)", minimum=1, maximum=2000, nullable=True),
+        SettingDef("speed_min", "guild", "float", 0.25, "slowest voice speed members may choose", minimum=0.25,
+                   maximum=4.0),
+        SettingDef("speed_max", "guild", "float", 4.0, "fastest voice speed members may choose", minimum=0.25,
+                   maximum=4.0),
     )
 }
 
@@ -651,10 +669,19 @@ class Store:
         return counts
 
     async def end_voice(self, voice_ids: Sequence[str]) -> None:
-        """The voices' creation or deletion is complete: drop their journal entries."""
+        """The voices' creation or deletion is complete: drop their journal entries. After a deletion the WAL is
+        checkpointed again: until then the journal line, and so the deleted voice's id, stays readable in it."""
         ids = list(voice_ids)
-        await self._write(lambda c: c.executemany("DELETE FROM voice_journal WHERE voice_id = ?",
-                                                  [(vid,) for vid in ids]))
+
+        def run(c: sqlite3.Connection) -> bool:
+            marks = ", ".join("?" * len(ids))
+            deleted = c.execute(f"SELECT 1 FROM voice_journal WHERE op = 'delete' AND voice_id IN ({marks})",
+                                ids).fetchone() is not None if ids else False
+            c.executemany("DELETE FROM voice_journal WHERE voice_id = ?", [(vid,) for vid in ids])
+            return deleted
+
+        if await self._write(run):
+            await self._checkpoint()
 
     async def voice_journal(self) -> list[tuple[str, str]]:
         """``(voice id, 'create' | 'delete')`` of every voice whose creation or deletion did not complete."""
@@ -740,6 +767,50 @@ class Store:
             "DELETE FROM pronunciations WHERE scope = ? AND owner_id = ? AND key = ?", (scope, owner_id, key)
         ).rowcount == 1)
 
+    # the block list
+
+    async def block(self, guild_id: int, kind: str, target_id: int) -> bool:
+        """Block a member (``kind`` "user") or a role ("role") in a guild; False when already blocked."""
+        _check_block_kind(kind)
+        return await self._write(lambda c: c.execute(
+            "INSERT OR IGNORE INTO guild_blocks (guild_id, kind, target_id) VALUES (?, ?, ?)",
+            (guild_id, kind, target_id)).rowcount == 1)
+
+    async def unblock(self, guild_id: int, kind: str, target_id: int) -> bool:
+        """Lift a block; False when there was none."""
+        _check_block_kind(kind)
+        return await self._write(lambda c: c.execute(
+            "DELETE FROM guild_blocks WHERE guild_id = ? AND kind = ? AND target_id = ?",
+            (guild_id, kind, target_id)).rowcount == 1)
+
+    async def blocks(self, guild_id: int) -> list[tuple[str, int]]:
+        """A guild's block list, ``(kind, id)`` in the order added."""
+        rows = await self._read("SELECT kind, target_id FROM guild_blocks WHERE guild_id = ? ORDER BY rowid",
+                                (guild_id,))
+        return [(r[0], int(r[1])) for r in rows]
+
+    # usage statistics (counts only)
+
+    async def add_usage(self, guild_id: int, *, messages: int = 0, characters: int = 0, sentences: int = 0,
+                        cache_hits: int = 0) -> None:
+        """Add to a guild's usage counters (created at zero, dated now, on first use)."""
+        def run(c: sqlite3.Connection) -> None:
+            c.execute("INSERT OR IGNORE INTO guild_usage (guild_id, since) VALUES (?, ?)", (guild_id, time.time()))
+            c.execute("UPDATE guild_usage SET messages = messages + ?, characters = characters + ?, "
+                      "sentences = sentences + ?, cache_hits = cache_hits + ? WHERE guild_id = ?",
+                      (messages, characters, sentences, cache_hits, guild_id))
+
+        await self._write(run)
+
+    async def usage(self, guild_id: int) -> dict[str, float] | None:
+        """A guild's counters (``messages``, ``characters``, ``sentences``, ``cache_hits``, ``since`` unix
+        seconds), or None before anything was spoken."""
+        rows = await self._read("SELECT messages, characters, sentences, cache_hits, since FROM guild_usage "
+                                "WHERE guild_id = ?", (guild_id,))
+        if not rows:
+            return None
+        return dict(zip(("messages", "characters", "sentences", "cache_hits", "since"), rows[0]))
+
     # restart journal
 
     async def write_journal(self, entries: Sequence[JournalEntry]) -> int:
@@ -806,6 +877,11 @@ class Store:
                 raise StoreError(f"database checkpoint failed: {e}") from e
         if busy:  # another connection is reading: the copies go at the next checkpoint
             log.warning("database checkpoint after a delete was blocked by a reader; it completes later")
+
+
+def _check_block_kind(kind: str) -> None:
+    if kind not in ("user", "role"):
+        raise ValueError(f"a block is of a user or a role, got {kind!r}")
 
 
 def _check_scope(scope: str) -> None:

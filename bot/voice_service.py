@@ -136,6 +136,29 @@ class VoiceService:
         voicing = self._voicing()
         return [voicing.precompute(voice, list(phrases)) for voice in voices]
 
+    # ---- extra clips and styles --------------------------------------------------------------------------------
+
+    async def add_clips(self, voice: Voice, uploads: Sequence[tuple[bytes, str]], *,
+                        guild_id: int | None = None) -> tuple[Voice, list[str]]:
+        """Average extra clips into a voice's timbre (a new version: its phrases are precomputed again)."""
+        voice, warnings = await self._voicing().add_clips(voice, uploads)
+        await self._precompute(voice, guild_id, None)
+        return voice, warnings
+
+    async def add_style(self, voice: Voice, style: str, data: bytes, filename: str, *, transcript: str = "",
+                        language: str = "auto", guild_id: int | None = None) -> tuple[Voice, list[str]]:
+        """Store a named style with a voice (its own clip and transcript; a new version)."""
+        voice, warnings = await self._voicing().add_style(voice, style, data, filename, transcript=transcript,
+                                                          language=language)
+        await self._precompute(voice, guild_id, None)
+        return voice, warnings
+
+    async def remove_style(self, voice: Voice, style: str, *, guild_id: int | None = None) -> Voice:
+        """Remove a named style of a voice (its clip, encodings and cached sentences)."""
+        voice = await self._voicing().remove_style(voice, style)
+        await self._precompute(voice, guild_id, None)
+        return voice
+
     # ---- share -------------------------------------------------------------------------------------------------
 
     async def share(self, voice: Voice, guild_id: int, user_id: int, *, shared: bool = True) -> bool:

@@ -14,4 +14,7 @@ EXTENSIONS: tuple[str, ...] = (
     "cogs.phrases",  # /phrases add|list|remove
     "cogs.pronounce",  # /pronounce add|remove|list|check|export|import
     "cogs.chat",  # /ask prompt|reset, answering mentions (chat model)
+    "cogs.blocks",  # /block add|remove|list
+    "cogs.stats",  # /stats
+    "cogs.help",  # /help
 )

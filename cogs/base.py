@@ -197,6 +197,28 @@ async def voice_autocomplete(
     ][:MAX_CHOICES]
 
 
+async def style_autocomplete(
+    services: Services, interaction: discord.Interaction, current: str, *, own: bool = False
+) -> list[app_commands.Choice[str]]:
+    """Up to 25 named styles, containing ``current``, of the voice the command's ``name`` option names, else of the
+    voice the member speaks with here."""
+    if interaction.guild is None or not isinstance(interaction.user, discord.Member):
+        return []
+    named = getattr(interaction.namespace, "name", None)
+    try:
+        if named:
+            voice = (await find_voice(services, interaction.guild.id, interaction.user.id, str(named), own=own)).voice
+        elif services.speech is not None:
+            voice = await services.speech.resolve_voice(interaction.guild, interaction.user)
+        else:
+            return []
+    except (SpeechError, UsageError):  # no such voice (yet): nothing to offer
+        return []
+    needle = current.strip().lower()
+    names = sorted(s.name for s in voice.styles.values())
+    return [app_commands.Choice(name=n, value=n) for n in names if needle in n.lower()][:MAX_CHOICES]
+
+
 def guild_member(interaction: discord.Interaction) -> tuple[discord.Guild, discord.Member]:
     """The guild and the invoking member; UsageError outside a server."""
     if interaction.guild is None or not isinstance(interaction.user, discord.Member):

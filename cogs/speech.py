@@ -20,7 +20,7 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from cogs.base import ReplyingCog, UsageError, guild_member, reply_error, send_ephemeral
+from cogs.base import ReplyingCog, UsageError, guild_member, reply_error, send_ephemeral, style_autocomplete
 from synthesis import SpeechError
 
 if TYPE_CHECKING:
@@ -94,14 +94,19 @@ class SpeechCog(ReplyingCog):
         note = f" ({dropped} message(s) dropped)" if dropped else ""
         await send_ephemeral(interaction, f"Left the voice channel{note}.")
 
+    async def _style_autocomplete(self, interaction: discord.Interaction, current: str):
+        return await style_autocomplete(self.services, interaction, current)
+
     @app_commands.command(name="say", description="Say something in your voice in the voice channel")
-    @app_commands.describe(text="What to say")
+    @app_commands.describe(text="What to say", style="A named style of your voice (/voice style add)")
+    @app_commands.autocomplete(style=_style_autocomplete)
     @app_commands.guild_only()
-    async def say(self, interaction: discord.Interaction, text: app_commands.Range[str, 1, 2000]) -> None:
+    async def say(self, interaction: discord.Interaction, text: app_commands.Range[str, 1, 2000],
+                  style: str = "") -> None:
         guild, member = guild_member(interaction)
         self._remember_channel(interaction)
         await interaction.response.defer(ephemeral=True, thinking=True)  # may join the channel first
-        result = await self.speech.say(guild, member, text, source="slash")
+        result = await self.speech.say(guild, member, text, source="slash", style=style)
         await send_ephemeral(interaction, _queued_text(result.ahead))
 
     @app_commands.command(name="skip", description="Stop the message being spoken")

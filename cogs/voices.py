@@ -27,6 +27,7 @@ from cogs.base import (
     guild_member,
     is_admin,
     send_ephemeral,
+    style_autocomplete,
     usable_voices,
     voice_autocomplete,
 )
@@ -208,6 +209,8 @@ class VoiceCog(ReplyingCog):
     """Voice enrolment, cloning, selection, sharing and deletion."""
 
     voice = app_commands.Group(name="voice", description="Your cloned voices", guild_only=True)
+    style = app_commands.Group(name="style", description="Named styles of your voices (calm, excited, ...)",
+                               parent=voice)
 
     def __init__(self, bot: VoiceBot) -> None:
         super().__init__(bot)
@@ -485,9 +488,103 @@ class VoiceCog(ReplyingCog):
                 notes.append("shared here")
             if c.kind == "yours" and not c.voice.prompt_text:
                 notes.append("no transcript")
+            if c.voice.styles:
+                notes.append("styles: " + ", ".join(sorted(st.name for st in c.voice.styles.values())))
             mark = " ← you speak with this" if c.voice.id == current else ""
             lines.append(f"• **{c.voice.name}** ({', '.join(notes)}){mark}")
         await send_ephemeral(interaction, "\n".join(lines)[:2000])
+
+    # ---- extra clips / styles ------------------------------------------------------------------------------------
+
+    async def _own_clip(self, interaction: discord.Interaction, clip: discord.Attachment, what: str) -> bytes | None:
+        """Check an attachment from its metadata, ask for consent, then download it: its bytes, or None when the
+        member did not agree (nothing downloaded)."""
+        limit_mb = self.services.config.discord.max_attachment_mb
+        if clip.size > limit_mb * MB:
+            raise UsageError(f"That file is {clip.size / MB:.1f} MB; the limit is {limit_mb:g} MB. Upload 3-10 s of "
+                             "speech.")
+        _check_audio_type(clip)
+        view = ConfirmView(interaction.user.id, CONSENT_LABEL)
+        await interaction.response.send_message(
+            f"Before I add `{clip.filename}` {what}:\n> {consent_statement(False)}\nNothing is downloaded until you "
+            "agree.", view=view, ephemeral=True)
+        if not await view.settle(interaction, yes="Thank you, consent recorded. Preparing your clip…",
+                                 no="Cancelled; nothing was downloaded.",
+                                 timed_out="No answer, so nothing was downloaded."):
+            return None
+        data = await clip.read()
+        if len(data) > limit_mb * MB:  # the metadata said otherwise; never hand an oversized file on
+            raise UsageError(f"That file is larger than {limit_mb:g} MB; upload a shorter clip.")
+        return data
+
+    async def _finish(self, interaction: discord.Interaction, work: Callable[[], object]) -> None:
+        """Run the voice change after consent; its answer (or its error, in one line) replaces the consent message."""
+        try:
+            text = await work()  # type: ignore[misc]
+        except Exception as e:
+            text, unexpected = describe_error(e)
+            if unexpected:
+                log.error("voice change failed", exc_info=e)
+        await interaction.edit_original_response(content=str(text)[:2000], view=None)
+
+    @voice.command(name="add-clip", description="Add another recording of one of your voices (its timbre is averaged)")
+    @app_commands.describe(name="One of your voices", clip="Another 3-10 s of the same voice speaking")
+    @app_commands.autocomplete(name=_own_voice_autocomplete)
+    async def add_clip(self, interaction: discord.Interaction, name: str, clip: discord.Attachment) -> None:
+        guild, member = guild_member(interaction)
+        voice = (await find_voice(self.services, guild.id, member.id, name, own=True)).voice
+        data = await self._own_clip(interaction, clip, f"to **{voice.name}**")
+        if data is None:
+            return
+
+        async def work() -> str:
+            now, warnings = await self.voices.add_clips(voice, [(data, clip.filename)], guild_id=guild.id)
+            clips = 1 if now.clip_ges is None else now.clip_ges.shape[0]
+            return "\n".join([f"**{now.name}** now speaks with the timbre of its {clips} clips.",
+                               *(f"Note: {w}" for w in warnings)])
+
+        await self._finish(interaction, work)
+
+    async def _style_autocomplete(self, interaction: discord.Interaction, current: str):
+        return await style_autocomplete(self.services, interaction, current, own=True)
+
+    @style.command(name="add", description="Record a named style of one of your voices (e.g. calm, excited)")
+    @app_commands.describe(name="One of your voices", style="The style's name, e.g. calm",
+                           clip="3-10 s of the voice speaking in that style",
+                           transcript="What is said in the clip (better quality)", language="Language of the clip")
+    @app_commands.choices(language=LANGUAGE_CHOICES)
+    @app_commands.autocomplete(name=_own_voice_autocomplete)
+    async def style_add(self, interaction: discord.Interaction, name: str, style: str, clip: discord.Attachment,
+                        transcript: str = "", language: str = "auto") -> None:
+        from synthesis import VoiceError, check_name
+
+        guild, member = guild_member(interaction)
+        voice = (await find_voice(self.services, guild.id, member.id, name, own=True)).voice
+        try:
+            check_name(style, "style name")
+        except VoiceError as e:
+            raise UsageError(str(e)) from None
+        if len(transcript) > MAX_TRANSCRIPT_CHARS:
+            raise UsageError(f"The transcript is {len(transcript)} characters; keep it under {MAX_TRANSCRIPT_CHARS}.")
+        data = await self._own_clip(interaction, clip, f"as style **{style}** of **{voice.name}**")
+        if data is None:
+            return
+
+        async def work() -> str:
+            now, warnings = await self.voices.add_style(voice, style, data, clip.filename, transcript=transcript,
+                                                        language=language, guild_id=guild.id)
+            return "\n".join([f"**{now.name}** has the style **{style}**: use it with `/say style:{style}`.",
+                               *(f"Note: {w}" for w in warnings)])
+
+        await self._finish(interaction, work)
+
+    @style.command(name="remove", description="Remove a named style of one of your voices")
+    @app_commands.autocomplete(name=_own_voice_autocomplete, style=_style_autocomplete)
+    async def style_remove(self, interaction: discord.Interaction, name: str, style: str) -> None:
+        guild, member = guild_member(interaction)
+        voice = (await find_voice(self.services, guild.id, member.id, name, own=True)).voice
+        now = await self.voices.remove_style(voice, style, guild_id=guild.id)
+        await send_ephemeral(interaction, f"**{now.name}** no longer has the style **{style}**.")
 
     # ---- share / delete ------------------------------------------------------------------------------------------
 

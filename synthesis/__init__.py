@@ -33,8 +33,9 @@ if TYPE_CHECKING:
     from synthesis.cluster import ClusterOptions
     from synthesis.remote import RemoteSynthesizer, connect_cluster
     from synthesis.scheduler import DeviceWorker
-    from synthesis.text import (Lexicon, LexiconError, check_speakable, explain_text, make_entry, speakable_languages,
-                                text_to_phonemes)
+    from synthesis.text import (Lexicon, LexiconError, check_speakable, configure_frontend, explain_text, make_entry,
+                                speakable_languages, text_to_phonemes)
+    from synthesis.styles import style_named, with_style
     from synthesis.voices import VoiceError, VoiceStore, check_name
 
 __all__ = [
@@ -56,6 +57,10 @@ __all__ = [
     "Lexicon", "LexiconError", "make_entry", "explain_text",
     # the languages this build can read (packages found), checked before consent, downloads and model loads
     "speakable_languages", "check_speakable",
+    # where the front-end finds upstream's optional files (dictionaries, G2PW), set from the config at start
+    "configure_frontend",
+    # a voice's named styles: one chosen by name (refused naming the styles it has), or found in free text
+    "with_style", "style_named",
 ]
 
 _LAZY = {  # name -> the module that defines it, imported on first use
@@ -69,6 +74,8 @@ _LAZY = {  # name -> the module that defines it, imported on first use
     "text_to_phonemes": "synthesis.text",
     "Lexicon": "synthesis.text", "LexiconError": "synthesis.text", "make_entry": "synthesis.text",
     "explain_text": "synthesis.text", "speakable_languages": "synthesis.text", "check_speakable": "synthesis.text",
+    "configure_frontend": "synthesis.text",
+    "with_style": "synthesis.styles", "style_named": "synthesis.styles",
 }
 
 

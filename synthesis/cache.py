@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import re
+import sqlite3
 import threading
 import unicodedata
 from pathlib import Path
@@ -79,19 +80,28 @@ class SynthesisCache:
             raise ValueError(f"cache sizes must be positive, got prosody={prosody_bytes} audio={audio_bytes}")
         self.dir = Path(dir)
         self.reuse_random = reuse_random
-        self._prosody = _open(self.dir / "prosody", prosody_bytes)
-        self._audio = _open(self.dir / "audio", audio_bytes)
+        try:
+            self._prosody = _open(self.dir / "prosody", prosody_bytes)
+            self._audio = _open(self.dir / "audio", audio_bytes)
+            self.unavailable: str | None = None
+        except (OSError, sqlite3.Error) as e:  # (a full disk: SQLite cannot make its WAL index)
+            log.warning("cache: %s cannot be opened (%s); speaking without a cache until restarted with space",
+                        self.dir, e)
+            self.unavailable = str(e)
+            self._prosody = self._audio = cast(_Store, _Unavailable(self.unavailable))
         self._counts = {"prosody": [0, 0], "audio": [0, 0]}  # [hits, misses] since this process opened the cache
         self._retired: set[str] = set()  # deleted voices seen by this process: their writes are refused
         self._voice_exists: Callable[[str], bool] | None = None  # the voice store's folders (bind_voices)
         self._write_lock = threading.Lock()  # a write and a retirement never interleave
+        self.write_failures = 0  # writes the disk refused (full, read-only): the speech went out all the same
+        self._failing = False  # the last write failed (logged once until one succeeds)
 
     # --- keys ---------------------------------------------------------------------------------------------------
 
     @staticmethod
     def prosody_key(
         model_id: str, voice_id: str, voice_version: int, text: str, language: str, sampling: Mapping[str, Any],
-        *, reading: str = "",
+        *, reading: str = "", style: str = "",
     ) -> str:
         """The prosody cache key: a SHA-256 hex digest over everything that changes the GPT's output.
 
@@ -105,6 +115,7 @@ class SynthesisCache:
         reading: what the front-end gave the GPT for the sentence (``Phonemes.reading_key``: phones, languages,
             BERT layout), so that another reading of the same text (a front-end change, a pronunciation-dictionary
             entry, G2PW installed) never hits tokens made for the old one.
+        style: the voice's named style the GPT was prompted with ("" = its main clip): a style is its own prompt.
         """
         payload = {
             "schema": KEY_SCHEMA,
@@ -117,17 +128,23 @@ class SynthesisCache:
         }
         if reading:
             payload["reading"] = reading
+        if style:  # (absent for the main clip, so the keys made before styles existed still hit)
+            payload["style"] = style
         return _digest(payload)
 
     @staticmethod
-    def audio_key(prosody_key: str, speed: float, noise_scale: float, seed: int | str) -> str:
+    def audio_key(prosody_key: str, speed: float, noise_scale: float, seed: int | str, *, timbre: str = "") -> str:
         """The audio cache key: the prosody key plus the SoVITS decode options.
 
-        ``seed`` is the request's seed; -1 (or a marker such as ``"any"``) for a random-seed request.
+        ``seed`` is the request's seed; -1 (or a marker such as ``"any"``) for a random-seed request. ``timbre``:
+        the clips whose ``ge`` was averaged for the decode when other voices' were (``synthesis.styles``), else "".
         """
         seed_value: int | str = seed if isinstance(seed, str) else int(seed)
-        return _digest({"schema": KEY_SCHEMA, "prosody": prosody_key, "speed": float(speed),
-                        "noise_scale": float(noise_scale), "seed": seed_value})
+        payload: dict[str, Any] = {"schema": KEY_SCHEMA, "prosody": prosody_key, "speed": float(speed),
+                                   "noise_scale": float(noise_scale), "seed": seed_value}
+        if timbre:  # (absent for a voice's own clips, so the keys made before aux references existed still hit)
+            payload["timbre"] = timbre
+        return _digest(payload)
 
     def cacheable(self, sampling: Mapping[str, Any]) -> bool:
         """Whether results for these sampling options may be stored and served (the random-seed policy)."""
@@ -219,8 +236,14 @@ class SynthesisCache:
         self.close()
 
     def _get(self, cache: _Store, name: str, key: str, dtype: np.dtype[Any]) -> np.ndarray | None:
-        """Look a key up, count the hit or miss, and drop an entry whose bytes do not decode."""
-        value = cache.get(key, default=None, retry=True)
+        """Look a key up, count the hit or miss, and drop an entry whose bytes do not decode (a lookup the disk
+        refuses, e.g. its access-time update on a full disk, is a miss)."""
+        try:
+            value = cache.get(key, default=None, retry=True)
+        except (OSError, sqlite3.Error) as e:
+            if self.unavailable is None:
+                log.debug("cache: %s lookup failed (%s); synthesizing instead", name, e)
+            value = None
         if not isinstance(value, bytes) or len(value) % dtype.itemsize:
             if value is not None:
                 log.warning("cache: dropping unreadable %s entry %s", name, key)
@@ -231,7 +254,23 @@ class SynthesisCache:
         return np.frombuffer(value, dtype=dtype)
 
     def _put(self, cache: _Store, key: str, value: bytes, voice_id: str) -> bool:
-        """Store a value unless its voice is retired; evicts least recently used entries while over the bound."""
+        """Store a value unless its voice is retired; evicts least recently used entries while over the bound. A
+        write the disk refuses (full) is logged in one line and counted (``write_failures``), never raised: a
+        cache is an optimisation, the speech goes out without it."""
+        try:
+            stored = self._put_locked(cache, key, value, voice_id)
+        except (OSError, sqlite3.Error) as e:
+            self.write_failures += 1
+            # one line when writes start failing, not one per sentence while the disk stays full
+            log.log(logging.DEBUG if self._failing else logging.WARNING,
+                    "cache: an entry of voice %s was not stored (%s); speech goes on without it", voice_id, e)
+            self._failing = True
+            return False
+        self._failing = False
+        return stored
+
+    def _put_locked(self, cache: _Store, key: str, value: bytes, voice_id: str) -> bool:
+        """:meth:`_put` itself: may raise what the disk raises."""
         with self._write_lock:
             if self.is_retired(voice_id):
                 log.info("cache: not storing an entry of deleted voice %s", voice_id)
@@ -244,6 +283,30 @@ class SynthesisCache:
         if cache.volume() > cache.size_limit * OVERSHOOT:  # a large value went in: cull in batches until under
             cache.cull(retry=True)
         return True
+
+
+class _Unavailable:
+    """The store of a cache that could not be opened: every lookup misses, every write fails (as on a full disk:
+    counted, not raised), every removal raises (the caller cannot know the entries went)."""
+
+    size_limit = 0
+
+    def __init__(self, reason: str) -> None:
+        self._reason = reason
+
+    def _fail(self, *args: object, **kwargs: object) -> Any:
+        raise sqlite3.OperationalError(f"the cache is not open: {self._reason}")
+
+    get = set = delete = evict = cull = _sql = _fail
+
+    def volume(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
 
 
 def normalise_text(text: str) -> str:

@@ -152,8 +152,8 @@ class Synthesizer:
                       deadline: float | None, priority: int, release: Callable[[], None]) -> AsyncIterator[AudioChunk]:
         """The body of :meth:`stream` for an admitted request: one producer, this consumer, in sentence order."""
         try:
-            v = await self.voicing.fit(await self._resolve_voice(voice))
             p = params or self.defaults
+            v = await self.voicing.speaking(await self.voicing.fit(await self._resolve_voice(voice)), p)
         except BaseException:
             release()
             raise
@@ -337,9 +337,10 @@ class Synthesizer:
 
     def metrics(self) -> dict[str, object]:
         """Counters, hit ratios, recent timings and the engine, for ``/metrics``."""
-        return self.stats.snapshot(queue_depth=self.worker.queue_depth, inflight=self._admitted,
-                                   engine=self.engine.name, device=self.engine.device,
-                                   precision=self.engine.precision)
+        return {**self.stats.snapshot(queue_depth=self.worker.queue_depth, inflight=self._admitted,
+                                      engine=self.engine.name, device=self.engine.device,
+                                      precision=self.engine.precision),
+                "cache_write_failures": self.cache.write_failures}
 
     async def close(self) -> None:
         await self.voicing.stop_precompute()

@@ -76,6 +76,9 @@ Stores = tuple[VoiceStore, SynthesisCache]  # what a local synthesizer reads its
 Build = Callable[[Stores], "Synthesizer"]  # makes a replica's synthesizer (engine, worker) around its stores
 
 
+_VOICE_CHANGES = ("add_clips", "add_style", "remove_style")  # what a replica's change_voice runs
+
+
 class Reports(Protocol):
     """Where a replica's state goes (``ray.storage`` decides: the state folder itself, or the storage actor)."""
 
@@ -163,6 +166,16 @@ class SynthesisReplica:
         """Encode and store a voice (in the shared voice folder): (voice, warnings, this replica)."""
         voice, warnings = await self.synth.voicing.make(order, data, filename)
         return voice, warnings, self.replica
+
+    async def change_voice(self, change: str, voice_id: str, args: tuple[Any, ...],
+                           kwargs: dict[str, Any]) -> tuple[Voice, list[str]]:
+        """Add clips or a style to a stored voice, or remove a style (``Voicing.add_clips``, ``add_style``,
+        ``remove_style``): (the new version, warnings)."""
+        if change not in _VOICE_CHANGES:
+            raise ValueError(f"unknown voice change {change!r}")
+        voice = await asyncio.to_thread(self.synth.voices.get, voice_id)
+        done: Voice | tuple[Voice, list[str]] = await getattr(self.synth.voicing, change)(voice, *args, **kwargs)
+        return done if isinstance(done, tuple) else (done, [])
 
     async def precompute(self, voice_id: str, phrases: list[str], params: SynthesisParams | None) -> int:
         """Compute the prosody of ``phrases`` for a stored voice (background priority); returns how many."""
@@ -594,6 +607,20 @@ class RemoteVoicing:
 
     async def stop_precompute(self, voice_id: str | None = None) -> None:
         await self._precomputing.stop(voice_id)
+
+    async def add_clips(self, voice: Voice, uploads: Sequence[tuple[bytes, str]]) -> tuple[Voice, list[str]]:
+        """As ``Voicing.add_clips``, on a replica."""
+        return await self.synth.call("change_voice", "add_clips", voice.id, (list(uploads),), {})
+
+    async def add_style(self, voice: Voice, style: str, data: bytes, filename: str, *, transcript: str = "",
+                        language: str = "auto") -> tuple[Voice, list[str]]:
+        """As ``Voicing.add_style``, on a replica."""
+        return await self.synth.call("change_voice", "add_style", voice.id, (style, data, filename),
+                                     {"transcript": transcript, "language": language})
+
+    async def remove_style(self, voice: Voice, style: str) -> Voice:
+        """As ``Voicing.remove_style``, on a replica."""
+        return (await self.synth.call("change_voice", "remove_style", voice.id, (style,), {}))[0]
 
     async def delete(self, voice_id: str) -> Removed:
         """Remove the voice and every derived byte from the shared folders (every replica reads the same ones)."""

@@ -63,7 +63,8 @@ _GROUP_OF = {"describe": "lookups", "voice": "lookups", "find": "lookups", "look
 START_TIMEOUT_S = 120.0  # the longest a client waits for a new actor to open the folders
 Stamp = tuple[int, int]  # VoiceStore.stamp: (row version, folder inode)
 _VOICE_CALLS = frozenset({"create", "replace", "delete", "delete_owner", "meta", "load_clip", "list", "stamp",
-                          "present"})
+                          "present", "add_clips", "put_style", "remove_style", "load_clips", "load_style_clip"})
+_NEW_VERSIONS = frozenset({"create", "replace", "add_clips", "put_style", "remove_style"})  # answer (stamp, voice)
 _CACHE_LOOKUPS = frozenset({"get_tokens", "get_audio", "is_retired", "stats"})
 _CACHE_STORES = frozenset({"put_tokens", "put_audio"})
 _CACHE_CHANGES = frozenset({"invalidate_voice", "retire_voice"})
@@ -113,7 +114,7 @@ class StorageActor:
         """One VoiceStore call; a create or replace answers (stamp, voice)."""
         assert method in _VOICE_CALLS, method
         result = getattr(self.voices, method)(*args, **kwargs)
-        return (self.voices.stamp(result.id), result) if method in ("create", "replace") else result
+        return (self.voices.stamp(result.id), result) if method in _NEW_VERSIONS else result
 
     def lookup_cache(self, method: str, *args: Any) -> Any:
         """One SynthesisCache lookup (get_tokens, get_audio, is_retired, stats)."""
@@ -313,6 +314,7 @@ class ServedCache(SynthesisCache):
         self.dir = dir
         self.reuse_random = reuse_random
         self._link = link
+        self.write_failures = 0  # the actor's cache writes and counts; the pipeline's metrics read this one
 
     def get_tokens(self, key: str) -> np.ndarray | None:
         tokens: np.ndarray | None = self._link.call("lookup_cache", "get_tokens", key)
@@ -369,6 +371,21 @@ class ServedVoices(VoiceStore):
 
     def replace(self, *args: Any, **kwargs: Any) -> Voice:  # type: ignore[override]  # VoiceStore.replace's arguments
         return self._keep(*self._link.call("call_voices", "replace", args, kwargs))
+
+    def add_clips(self, *args: Any, **kwargs: Any) -> Voice:  # type: ignore[override]  # VoiceStore's arguments
+        return self._keep(*self._link.call("call_voices", "add_clips", args, kwargs))
+
+    def put_style(self, *args: Any, **kwargs: Any) -> Voice:  # type: ignore[override]  # VoiceStore's arguments
+        return self._keep(*self._link.call("call_voices", "put_style", args, kwargs))
+
+    def remove_style(self, *args: Any, **kwargs: Any) -> Voice:  # type: ignore[override]  # VoiceStore's arguments
+        return self._keep(*self._link.call("call_voices", "remove_style", args, kwargs))
+
+    def load_clips(self, voice_id: str) -> list[np.ndarray]:
+        return [np.array(c) for c in self._link.call("call_voices", "load_clips", (voice_id,), {})]
+
+    def load_style_clip(self, voice_id: str, name: str) -> np.ndarray:
+        return np.array(self._link.call("call_voices", "load_style_clip", (voice_id, name), {}))
 
     def delete(self, voice_id: str) -> Removed:
         try:

@@ -134,7 +134,7 @@ class Stages:
         job.seed = sentence_seed(p.seed, job.ph.norm_text)
         job.prosody_key = self.prosody_key(job.voice, job.ph, p)
         job.audio_key = self.cache.audio_key(job.prosody_key, p.speed, p.noise_scale,
-                                             p.seed if p.seed != -1 else "any")
+                                             p.seed if p.seed != -1 else "any", timbre=job.voice.timbre)
         job.cached = self.cacheable(p)
 
     def cacheable(self, p: SynthesisParams) -> bool:
@@ -156,7 +156,8 @@ class Stages:
                     "seed": p.seed if p.seed != -1 else "any"}
         return self.cache.prosody_key(self.engine.model_id, voice.id, voice.version,
                                       normalize_for_cache(ph.norm_text),
-                                      "+".join(piece.lang for piece in ph.pieces), sampling, reading=ph.reading_key)
+                                      "+".join(piece.lang for piece in ph.pieces), sampling, reading=ph.reading_key,
+                                      style=voice.style)
 
     # ---- prosody (cache | GPT) ---------------------------------------------------------------------------------
 
@@ -239,7 +240,9 @@ class Stages:
             job.emitted = spoken.audio.size
             job.audio = fade_edges(spoken.join(rest, size), head=False)  # (the first window went out faded in)
         job.timings["sovits_s"] = time.perf_counter() - t0
-        if job.cached:
+        # audio fused with other voices' clips is not kept: its entry would be tagged with this voice alone, and
+        # outlive the deletion of an aux voice whose timbre it carries
+        if job.cached and not job.voice.timbre:
             self.cache.put_audio(job.audio_key, job.audio, job.voice.id)
 
 

@@ -51,6 +51,10 @@ class SynthesisParams:
     fragment_interval: float = 0.3  # seconds of silence after each sentence
     # the pronunciation dictionary applied before G2P (a guild's with its member's on top, the HTTP API's file)
     lexicon: Lexicon | None = None
+    # a named style of the voice (its own reference: prompt tokens, transcript, ge); "" = the voice's main clip
+    style: str = ""
+    # upstream's ``aux_ref_audio_paths``: ids of stored voices whose clips' ``ge`` is averaged with the voice's
+    aux_voices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.language not in LANGUAGES:
@@ -122,6 +126,23 @@ def _check_number(name: str, value: object, lo: float, hi: float) -> None:
 
 
 @dataclass(frozen=True)
+class VoiceStyle:
+    """A named style of a voice ("calm", "excited"): a reference of its own, chosen per request.
+
+    Attributes
+    ----------
+    name: as the user typed it (matched case-insensitively).
+    language, prompt_text: its transcript and the transcript's language ("" text: reference-free).
+    prompt: its encoding (prompt tokens, ge, phones, BERT; the voice's model made it).
+    """
+
+    name: str
+    language: str
+    prompt_text: str
+    prompt: VoicePrompt
+
+
+@dataclass(frozen=True)
 class Voice:
     """A stored voice profile: identity plus the precomputed prompt (loading it does no model work)."""
 
@@ -133,6 +154,20 @@ class Voice:
     prompt_text: str  # reference transcript ("" = reference-free)
     prompt: VoicePrompt
     model_id: str  # identity of the model that encoded it
+    # each clip's ``ge`` ``[K, gin, 1]`` float32 (main clip first, then the extra clips; ``prompt.ge`` is their mean,
+    # as upstream fuses aux references); None: one clip, its ``ge`` is ``prompt.ge``
+    clip_ges: np.ndarray | None = field(default=None, compare=False)
+    # the named styles stored with the voice: name -> its own reference (prompt tokens, ge, phones, BERT)
+    styles: dict[str, VoiceStyle] = field(default_factory=dict[str, VoiceStyle], compare=False)
+    # what this object speaks with, beyond the stored voice, for the cache keys: the style chosen ("" = main clip)
+    # and the aux voices whose clips were fused into ``prompt.ge`` ("" = none; see ``synthesis.styles``)
+    style: str = ""
+    timbre: str = ""
+
+    @property
+    def ges(self) -> np.ndarray:
+        """Each clip's ``ge`` ``[K, gin, 1]`` float32 (K = 1 for a voice of one clip)."""
+        return self.clip_ges if self.clip_ges is not None else np.asarray(self.prompt.ge, np.float32)[None]
 
 
 PCM16_SCALE = 32767.0  # full scale of s16 PCM: +1.0 -> 32767, -1.0 -> -32767 (symmetric, never -32768)

@@ -4,7 +4,11 @@ Layout: ``root/voices.sqlite3`` (WAL) holds one row per voice: identity, owner, 
 enrollment prompt, model identity, timestamps, consent and reference info; it is the source of truth, so listing
 voices (autocomplete) is one query. ``root/<id>/`` holds the artefacts: ``clip.flac`` (the 32 kHz reference) and
 ``prompt.npz`` (prompt_tokens, ge, prompt_phones, prompt_bert, sv_emb for a v2Pro/v2ProPlus voice, and the version
-of the row it belongs to). The model work (HuBERT, VQ, ge, phones, BERT) is the caller's: it passes the finished
+of the row it belongs to). A voice may also hold extra clips (``extra-1.flac``, ...: their ``ge`` is averaged with
+the main clip's, each clip's kept as ``clip_ges`` in ``prompt.npz``, their facts in the row's ``reference.extras``)
+and named styles (``style-<file id>.flac``, their prompt arrays under ``style.<file id>.`` in ``prompt.npz``, their
+name, transcript and language in the row's ``styles``); every such change is a new version, written as a replace
+is. The model work (HuBERT, VQ, ge, phones, BERT) is the caller's: it passes the finished
 :class:`~engines.base.VoicePrompt` in.
 
 Steps, and what a crash (the process killed) between any two of them leaves once the next start-up reconciled:
@@ -45,7 +49,9 @@ store logs a warning at open when the root is on a network filesystem.
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import io
 import json
 import logging
 import os
@@ -60,7 +66,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Generator, Mapping, Sequence
+from typing import Any, Callable, Generator, Mapping, Sequence
 
 import numpy as np
 import soundfile as sf  # pyright: ignore[reportMissingTypeStubs]  # untyped; its source gives the types
@@ -68,7 +74,7 @@ import soundfile as sf  # pyright: ignore[reportMissingTypeStubs]  # untyped; it
 from engines import SAMPLE_RATE, SpeechError, VoicePrompt
 from synthesis.audio import Reference
 from synthesis.cache import SynthesisCache
-from synthesis.types import LANGUAGES, Voice, VoiceNotFound
+from synthesis.types import LANGUAGES, Voice, VoiceNotFound, VoiceStyle
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +85,7 @@ SPEAKS_WITH = PROMPT_FILE  # without it a voice cannot speak: its row goes (with
 META_FILE = "meta.json"  # the metadata of a voice stored before the database (imported at open, then removed)
 TMP_PREFIX = ".tmp-"  # a voice being written
 OLD_PREFIX = ".old-"  # the previous version during a replace (".old-<id>-<uuid>")
+FULL_BELOW_BYTES = 1 << 20  # bytes: below this much free space, SQLite's "disk I/O error" means a full disk
 TRASH_PREFIX = ".trash-"  # a voice being deleted (".trash-<id>-<uuid>")
 NAME_RE = re.compile(r"[\w -]{1,32}")  # letters, digits, underscore, space, hyphen; 1-32 characters
 _ID_RE = re.compile(r"[0-9a-f]{32}")
@@ -88,7 +95,12 @@ REPLACE_WAIT_S = 2.0  # how long a read waits for another process's replace to c
 # per phone); the least recently used leaves first and is read from disk again when next asked for
 HELD_VOICES = 256
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "9p", "fuse.sshfs", "afs")
-SCHEMA_VERSION = 1  # PRAGMA user_version of the database
+EXTRA_FILE = "extra-{}.flac"  # the voice's extra clips (1, 2, ...): their ge is averaged with the main clip's
+STYLE_FILE = "style-{}.flac"  # a named style's clip, by the style's file id (8 hex digits)
+STYLE_ARRAYS = "style.{}."  # prefix of a named style's prompt arrays in prompt.npz, by its file id
+MAX_EXTRA_CLIPS = 8  # extra clips per voice (upstream sets no bound; each costs one ge encode per model change)
+MAX_STYLES = 16  # named styles per voice
+SCHEMA_VERSION = 2  # PRAGMA user_version of the database (2: the styles column)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS voices (
     id TEXT PRIMARY KEY,
@@ -103,17 +115,22 @@ CREATE TABLE IF NOT EXISTS voices (
     created TEXT NOT NULL,
     updated TEXT NOT NULL,
     consent TEXT NOT NULL,  -- JSON: user_id, text, at (ISO UTC), and the front-end's extras
-    reference TEXT NOT NULL  -- JSON: duration_s, start_s, end_s, clip_s, left_out_s, kept, warnings
+    reference TEXT NOT NULL,  -- JSON: duration_s, start_s, end_s, clip_s, left_out_s, kept, warnings, extras
+    styles TEXT NOT NULL DEFAULT '{}'  -- JSON: name key -> name, file, language, prompt_text, reference
 );
 CREATE INDEX IF NOT EXISTS voices_owner ON voices (owner_id, name_key);
 CREATE INDEX IF NOT EXISTS voices_name ON voices (name_key);
 """
 _COLUMNS = ("id", "name", "owner_id", "version", "language", "prompt_text", "enrollment_prompt", "model_id",
-            "created", "updated", "consent", "reference")
+            "created", "updated", "consent", "reference", "styles")
 _WRITE_COLUMNS = (*_COLUMNS, "name_key")
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM voices"
 _INSERT = f"INSERT INTO voices ({', '.join(_WRITE_COLUMNS)}) VALUES ({', '.join('?' * len(_WRITE_COLUMNS))})"
 _UPDATE = f"UPDATE voices SET {', '.join(f'{c} = ?' for c in _WRITE_COLUMNS[1:])} WHERE id = ?"
+
+
+# a new version's change: (row metadata, prompt arrays, clips to write) edited in place -> file names to leave out
+_Edit = Callable[[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]], list[str]]
 
 
 class VoiceError(SpeechError):
@@ -208,12 +225,29 @@ class VoiceStore:
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
         self._held = HeldVoices()  # the prompt arrays of the voices used lately
+        self._full: str | None = None  # why the database opened read-only (its disk is full), else None
         self.root.mkdir(parents=True, exist_ok=True)
         fs = _network_filesystem(self.root)
         if fs is not None:
             log.warning("the voice folder %s is on a network filesystem (%s): SQLite's database there can break "
                         "when several machines use it; keep voices.dir on a local disk (see synthesis.voices)",
                         self.root, fs)
+        try:
+            self._upgrade()
+        except (VoiceError, sqlite3.Error) as e:
+            if not _out_of_space(e, self.root):
+                raise
+            self._read_only(e)  # reading needs no space: the voices stay usable, writes fail in one line
+        if cache is not None:
+            cache.bind_voices(self._exists)
+        if self._full is None:
+            self._recover()
+        else:
+            log.warning("the voice folder %s has no space left: its voices open read-only, and an interrupted "
+                        "write is finished at the next start with space", self.root)
+
+    def _upgrade(self) -> None:
+        """Create the tables, or bring an older schema up to this program's."""
         with self._transaction() as db:
             found = int(db.execute("PRAGMA user_version").fetchone()[0])
             if found > SCHEMA_VERSION:
@@ -222,10 +256,19 @@ class VoiceStore:
             for statement in _SCHEMA.split(";"):  # (executescript would commit the transaction)
                 if statement.strip():
                     db.execute(statement)
+            if found == 1:  # schema 1 -> 2: voices gain named styles
+                db.execute("ALTER TABLE voices ADD COLUMN styles TEXT NOT NULL DEFAULT '{}'")
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        if cache is not None:
-            cache.bind_voices(self._exists)
-        self._recover()
+
+    def _read_only(self, error: BaseException) -> None:
+        """Reopen the database read-only (on a full disk SQLite cannot make its WAL index), at this program's
+        schema, or fail in one line."""
+        self.close()
+        self._full = str(error)
+        found = int(self._db().execute("PRAGMA user_version").fetchone()[0])
+        if found != SCHEMA_VERSION:
+            raise VoiceError(f"the voice database {self.db_path} needs an upgrade, and its disk is full "
+                             f"({error}): free some space, then start again") from error
 
     def close(self) -> None:
         """Close this store's database connections (every thread's); a later call opens them again."""
@@ -268,6 +311,7 @@ class VoiceStore:
         enrollment_prompt: the sentence the bot asked the user to read, if any.
         voice_id: the id to store it under (32 hex digits, not in use), when the caller reserved one first (see
             ``bot.voice_service``); a new one when None.
+        Extra clips and named styles come later, each a new version (:meth:`add_clips`, :meth:`put_style`).
         """
         check_name(name)
         if voice_id is not None and not _ID_RE.fullmatch(voice_id):
@@ -280,11 +324,12 @@ class VoiceStore:
         meta: dict[str, Any] = {
             "id": voice_id, "name": name, "owner_id": int(owner_id), "version": 1, "language": language,
             "prompt_text": prompt_text, "enrollment_prompt": enrollment_prompt, "model_id": model_id,
-            "created": now, "updated": now, "consent": consent_record, "reference": _reference_dict(reference),
+            "created": now, "updated": now, "consent": consent_record,
+            "reference": _reference_dict(reference), "styles": {},
         }
         live = self.root / voice_id
         with self._writing():
-            tmp = self._build(prompt, reference.wav32k, version=1)
+            tmp = self._build({CLIP_FILE: reference.wav32k}, _prompt_arrays(prompt), version=1)
             placed = False
             try:
                 with self._transaction() as db:
@@ -312,18 +357,108 @@ class VoiceStore:
         model_id: str | None = None,
         consent: Consent | Mapping[str, Any] | None = None,
         enrollment_prompt: str | None = None,
+        clip_ges: np.ndarray | None = None,
+        style_prompts: Mapping[str, VoicePrompt] | None = None,
     ) -> Voice:
         """Store a new version of a voice (new clip and/or transcript, or a re-encode by a new model).
 
         Fields left as None keep their stored value (``reference=None`` keeps the clip). The version goes up by
         one and every cache entry of the voice is removed. Replaces of one voice by several processes happen one
-        after the other (each reads the version the previous one wrote).
+        after the other (each reads the version the previous one wrote). ``clip_ges``: each clip's ``ge`` again
+        (a re-encode of a voice with extra clips); left None with a new clip or model, the stored ones go (the
+        voice then fuses as one clip, ``prompt.ge``). ``style_prompts``: the named styles' new encodings, by name.
         """
         if language is not None:
             _check_language(language)
         consent_record = _consent_dict(consent) if consent is not None else None
-        clip = reference.wav32k if reference is not None else None
-        live = self.root / voice_id
+
+        def edit(meta: dict[str, Any], arrays: dict[str, np.ndarray], clips: dict[str, np.ndarray]) -> list[str]:
+            changed_model = model_id is not None and model_id != meta["model_id"]
+            for key, value in (("language", language), ("prompt_text", prompt_text), ("model_id", model_id),
+                               ("enrollment_prompt", enrollment_prompt), ("consent", consent_record)):
+                if value is not None:
+                    meta[key] = value
+            if reference is not None:
+                meta["reference"] = {**_reference_dict(reference), "extras": meta["reference"].get("extras", [])}
+                clips[CLIP_FILE] = reference.wav32k
+            _set_prompt(arrays, prompt)
+            if clip_ges is not None:
+                _check_extras(len(meta["reference"].get("extras", [])), clip_ges)
+                arrays["clip_ges"] = np.asarray(clip_ges, np.float32)
+            elif reference is not None or changed_model:
+                arrays.pop("clip_ges", None)
+            for name, style_prompt in (style_prompts or {}).items():
+                _set_prompt(arrays, style_prompt, STYLE_ARRAYS.format(_style_of(meta, name)["file"]))
+            return []
+
+        return self._swap(voice_id, edit, "replaced")
+
+    def add_clips(self, voice_id: str, references: Sequence[Reference], prompt: VoicePrompt,
+                  clip_ges: np.ndarray) -> Voice:
+        """Store extra clips with a voice (a new version): their ``ge`` is averaged with the voice's clips'.
+
+        Parameters
+        ----------
+        references: the new clips, prepared like the main one.
+        prompt: the voice's prompt with ``ge`` the mean over every clip (its tokens and transcript the main clip's).
+        clip_ges: every clip's ``ge`` ``[K, gin, 1]``, main clip first, the stored extras, then the new ones.
+        """
+        def edit(meta: dict[str, Any], arrays: dict[str, np.ndarray], clips: dict[str, np.ndarray]) -> list[str]:
+            extras: list[dict[str, Any]] = list(meta["reference"].get("extras", []))
+            for ref in references:
+                extras.append(_reference_dict(ref))
+                clips[EXTRA_FILE.format(len(extras))] = ref.wav32k
+            _check_extras(len(extras), clip_ges)
+            meta["reference"] = {**meta["reference"], "extras": extras}
+            _set_prompt(arrays, prompt)
+            arrays["clip_ges"] = np.asarray(clip_ges, np.float32)
+            return []
+
+        return self._swap(voice_id, edit, f"given {len(references)} extra clip(s)")
+
+    def put_style(self, voice_id: str, name: str, reference: Reference, prompt: VoicePrompt, *, language: str,
+                  prompt_text: str) -> Voice:
+        """Store a named style of a voice (a new version): a reference of its own, chosen per request. A style of
+        that name (case-insensitive) is replaced.
+
+        Parameters
+        ----------
+        name: 1-32 letters, digits, spaces, ``_`` or ``-`` ("calm", "excited").
+        reference, prompt: its prepared clip and the model's encoding of it (the voice's model).
+        language, prompt_text: its transcript and the transcript's language ("" text: reference-free).
+        """
+        check_name(name, "style name")
+        _check_language(language)
+
+        def edit(meta: dict[str, Any], arrays: dict[str, np.ndarray], clips: dict[str, np.ndarray]) -> list[str]:
+            styles: dict[str, Any] = meta["styles"]
+            old = styles.get(name.casefold())
+            if old is None and len(styles) >= MAX_STYLES:
+                raise VoiceError(f"voice {meta['name']!r} has {MAX_STYLES} styles already, the most it can have; "
+                                 "remove one first")
+            file_id = uuid.uuid4().hex[:8]
+            styles[name.casefold()] = {"name": name, "file": file_id, "language": language,
+                                       "prompt_text": prompt_text, "reference": _reference_dict(reference)}
+            clips[STYLE_FILE.format(file_id)] = reference.wav32k
+            arrays.update(_prompt_arrays(prompt, STYLE_ARRAYS.format(file_id)))
+            return [] if old is None else _forget_style(arrays, old["file"])
+
+        return self._swap(voice_id, edit, f"given style {name!r}")
+
+    def remove_style(self, voice_id: str, name: str) -> Voice:
+        """Remove a named style of a voice (a new version): its clip, its arrays, its cache entries."""
+        def edit(meta: dict[str, Any], arrays: dict[str, np.ndarray], clips: dict[str, np.ndarray]) -> list[str]:
+            old = _style_of(meta, name)
+            del meta["styles"][name.casefold()]
+            return _forget_style(arrays, old["file"])
+
+        return self._swap(voice_id, edit, f"without style {name!r}")
+
+    def _swap(self, voice_id: str, edit: _Edit, what: str) -> Voice:
+        """A new version of a voice: its folder copied under a temporary name, changed by ``edit`` (the row's
+        metadata, the prompt arrays and the clips to write, in place; it returns the files to leave out), swapped in
+        and the row updated in one transaction (see the module docstring: replace)."""
+        live = self._folder(voice_id)
         old = self.root / f"{OLD_PREFIX}{voice_id}-{uuid.uuid4().hex}"
         tmp: Path | None = None
         with self._writing():
@@ -331,14 +466,10 @@ class VoiceStore:
                 with self._transaction() as db:
                     meta = self._meta_in(db, voice_id)
                     meta.update(version=int(meta["version"]) + 1, updated=_now())
-                    for key, value in (("language", language), ("prompt_text", prompt_text), ("model_id", model_id),
-                                       ("enrollment_prompt", enrollment_prompt), ("consent", consent_record)):
-                        if value is not None:
-                            meta[key] = value
-                    if reference is not None:
-                        meta["reference"] = _reference_dict(reference)
-                    tmp = self._build(prompt, clip if clip is not None else self.load_clip(voice_id),
-                                      version=meta["version"])
+                    arrays = _read_arrays(live / PROMPT_FILE)
+                    clips: dict[str, np.ndarray] = {}
+                    drop = edit(meta, arrays, clips)
+                    tmp = self._build(clips, arrays, version=meta["version"], base=live, drop=drop)
                     os.rename(live, old)  # from here until the commit, start-up brings `old` back
                     os.rename(tmp, live)
                     _fsync_dir(self.root)
@@ -354,7 +485,7 @@ class VoiceStore:
         shutil.rmtree(old, ignore_errors=True)
         self._held.drop(voice_id)
         removed = self.cache.invalidate_voice(voice_id) if self.cache is not None else 0
-        log.info("voice %s replaced (version %d, %d cache entries removed)", voice_id, meta["version"], removed)
+        log.info("voice %s %s (version %d, %d cache entries removed)", voice_id, what, meta["version"], removed)
         return self.get(voice_id)
 
     def delete(self, voice_id: str) -> Removed:
@@ -389,7 +520,9 @@ class VoiceStore:
             self._checkpoint()
             self._held.drop(voice_id)
             entries = self.cache.retire_voice(voice_id) if self.cache is not None else 0
-            if trash is not None:
+            if trash is not None and self.cache is None:  # (the entries: by the next store with the cache)
+                self._purge_trash(trash, voice_id)
+            elif trash is not None:
                 shutil.rmtree(trash)
         log.info("voice %s (%r) deleted: %d files, %d bytes, %d cache entries", voice_id, meta["name"], len(names),
                  size, entries)
@@ -427,9 +560,19 @@ class VoiceStore:
         path = self._folder(voice_id) / CLIP_FILE
         if not path.exists():
             raise VoiceNotFound(f"no voice with id {voice_id!r}; list voices to see the ids")
-        data, rate = sf.read(str(path), dtype="float32", always_2d=False)
-        assert rate == SAMPLE_RATE, f"stored clip at {rate} Hz"
-        return np.asarray(data, dtype=np.float32)
+        return _read_clip(path)
+
+    def load_clips(self, voice_id: str) -> list[np.ndarray]:
+        """Every clip of a voice whose ``ge`` it fuses, ``[N]`` float32 @ 32 kHz each: the main one, then the extras
+        (for re-encoding with a new model)."""
+        extras = self._meta_in(self._db(), voice_id)["reference"].get("extras", [])
+        folder = self._folder(voice_id)
+        return [self.load_clip(voice_id), *(_read_clip(folder / EXTRA_FILE.format(i + 1)) for i in range(len(extras)))]
+
+    def load_style_clip(self, voice_id: str, name: str) -> np.ndarray:
+        """A named style's clip ``[N]`` float32 @ 32 kHz (for re-encoding with a new model)."""
+        style = _style_of(self._meta_in(self._db(), voice_id), name)
+        return _read_clip(self._folder(voice_id) / STYLE_FILE.format(style["file"]))
 
     def find(self, name: str, owner_id: int | None = None) -> Voice:
         """The voice with this name (case-insensitive), of this owner when given."""
@@ -497,7 +640,8 @@ class VoiceStore:
                 hit = self._held.get(voice_id)
                 if hit is not None and hit[0] == (version, inode):
                     return hit[1]
-                prompt, stamp = _read_prompt(folder / PROMPT_FILE)
+                arrays = _read_arrays(folder / PROMPT_FILE)
+                stamp = int(arrays["version"]) if "version" in arrays else None
                 if stamp is None or stamp == version:
                     break
             except FileNotFoundError:  # deleted, or between the two renames of another process's replace
@@ -511,9 +655,13 @@ class VoiceStore:
             time.sleep(0.01)
             meta = self._meta_in(self._db(), voice_id)
             version = int(meta["version"])
+        styles = {key: VoiceStyle(str(st["name"]), str(st["language"]), str(st["prompt_text"]),
+                                  _prompt_of(arrays, STYLE_ARRAYS.format(st["file"])))
+                  for key, st in meta["styles"].items()}
+        clip_ges = arrays["clip_ges"].astype(np.float32) if "clip_ges" in arrays else None
         voice = Voice(id=voice_id, name=meta["name"], owner_id=int(meta["owner_id"]), version=version,
-                      language=meta["language"], prompt_text=meta["prompt_text"], prompt=prompt,
-                      model_id=meta["model_id"])
+                      language=meta["language"], prompt_text=meta["prompt_text"], prompt=_prompt_of(arrays),
+                      model_id=meta["model_id"], clip_ges=clip_ges, styles=styles)
         return self._held.put((version, inode), voice)
 
     def _meta_in(self, db: sqlite3.Connection, voice_id: str) -> dict[str, Any]:
@@ -535,28 +683,55 @@ class VoiceStore:
                                      is not None or (self.root / voice_id).exists()):
             raise VoiceError(f"a voice with id {voice_id} exists already")
 
-    def _build(self, prompt: VoicePrompt, clip32k: np.ndarray, *, version: int) -> Path:
-        """Write a complete voice folder under a temporary name; remove it again if anything fails."""
+    def _build(self, clips: Mapping[str, np.ndarray], arrays: Mapping[str, np.ndarray], *, version: int,
+               base: Path | None = None, drop: Sequence[str] = ()) -> Path:
+        """Write a complete voice folder under a temporary name: the files of ``base`` (hard-linked: a voice's
+        files are never written in place) but ``drop``, then ``clips`` (file name -> ``[N]`` float32 @ 32 kHz) and
+        the prompt ``arrays`` with ``version``; remove it again if anything fails."""
         tmp = self.root / f"{TMP_PREFIX}{uuid.uuid4().hex}"
         tmp.mkdir()
         try:
-            _write_clip(tmp / CLIP_FILE, clip32k)
-            _write_prompt(tmp / PROMPT_FILE, prompt, version)
+            for path in sorted(base.iterdir()) if base is not None else []:
+                if path.name not in clips and path.name not in drop and path.name != PROMPT_FILE:
+                    try:
+                        os.link(path, tmp / path.name)
+                    except OSError:  # a filesystem without hard links
+                        shutil.copy2(path, tmp / path.name)
+            for name, clip32k in clips.items():
+                _write_clip(tmp / name, clip32k)
+            _write_prompt(tmp / PROMPT_FILE, arrays, version)
             _fsync_dir(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return tmp
 
-    def _discard(self, folder: Path, voice_id: str | None = None) -> None:
-        """Send a folder that is not (or no longer) a voice to trash, its cache entries after it, and remove it."""
+    def _discard(self, folder: Path, voice_id: str | None = None, *, deleted: bool = False) -> None:
+        """Send a folder that is not (or no longer) a voice to trash, its cache entries after it, and remove it
+        (``deleted``: a voice that was committed, whose entries a store without the cache leaves marked)."""
         voice_id = voice_id or folder.name
         trash = self.root / f"{TRASH_PREFIX}{voice_id}-{uuid.uuid4().hex}"
         os.rename(folder, trash)
         _fsync_dir(self.root)
-        if self.cache is not None and _ID_RE.fullmatch(voice_id):
-            self.cache.invalidate_voice(voice_id)
-        shutil.rmtree(trash, ignore_errors=True)
+        if _ID_RE.fullmatch(voice_id) and (deleted or self.cache is not None):
+            self._purge_trash(trash, voice_id)
+        else:
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def _purge_trash(self, trash: Path, voice_id: str) -> None:
+        """Remove a deleted voice's bytes and its cache entries. A store opened without its cache (``voices list``)
+        cannot reach the entries: it keeps the trash folder, emptied, as the mark that a store with the cache
+        (any other command) removes them at its start-up."""
+        if self.cache is not None:
+            try:
+                self.cache.invalidate_voice(voice_id)
+            except (OSError, sqlite3.Error) as e:  # (its disk is full: the mark stays for the next start)
+                log.warning("voice %s: its cache entries could not be removed yet (%s)", voice_id, e)
+            else:
+                shutil.rmtree(trash, ignore_errors=True)
+                return
+        for path in list(trash.iterdir()) if trash.is_dir() else []:
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
     def _folder(self, voice_id: str) -> Path:
         """The folder of a voice id (refusing anything that is not an id, so no path can escape the root)."""
@@ -570,13 +745,20 @@ class VoiceStore:
         if held is not None and held[0] == os.getpid():
             return held[1]
         try:
-            conn = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
-                                   check_same_thread=False)
+            conn = self._open_read_only() if self._full is not None else None
+        except sqlite3.Error as e:
+            raise VoiceError(f"cannot read the voice database {self.db_path} on its full disk: {e}; free some "
+                             "space, then try again") from e
+        try:
+            conn = conn or sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                                           check_same_thread=False)
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = FULL")  # a committed voice survives a power cut, not only a crash
             conn.execute("PRAGMA secure_delete = ON")  # a deleted voice's row is overwritten, not just unlinked
         except sqlite3.Error as e:
+            if _out_of_space(e, self.root):
+                raise VoiceError(_full_message(self.root, e)) from e
             raise VoiceError(f"cannot open the voice database {self.db_path}: {e}; check the folder's permissions "
                              "and that it is on a local disk") from e
         with self._connections_lock:
@@ -584,10 +766,27 @@ class VoiceStore:
         self._local.conn = (os.getpid(), conn)
         return conn
 
+    def _open_read_only(self) -> sqlite3.Connection:
+        """A read-only connection: ``mode=ro`` (other processes' writes are seen) where SQLite can map its WAL
+        index, else ``immutable`` (nothing can be written on the full disk anyway)."""
+        uri = self.db_path.resolve().as_uri()
+        for flags in ("mode=ro", "immutable=1"):
+            conn = sqlite3.connect(f"{uri}?{flags}", uri=True, isolation_level=None, check_same_thread=False)
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                return conn
+            except sqlite3.Error:
+                conn.close()
+                if flags == "immutable=1":
+                    raise
+        raise AssertionError("unreachable")
+
     @contextmanager
     def _transaction(self) -> Generator[sqlite3.Connection, None, None]:
         """One write transaction (BEGIN IMMEDIATE: the writers of every process take turns), committed at the end,
         rolled back on any exception."""
+        if self._full is not None:
+            raise VoiceError(_full_message(self.root, self._full))
         db = self._db()
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -617,7 +816,12 @@ class VoiceStore:
         fd = os.open(self.root, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a start-up reconciliation runs
-            yield
+            try:
+                yield
+            except (OSError, sqlite3.Error) as e:  # (what was written is undone by the step that failed)
+                if not _out_of_space(e, self.root):
+                    raise
+                raise VoiceError(_full_message(self.root, e)) from e
         finally:
             os.close(fd)  # releases the lock
 
@@ -646,8 +850,9 @@ class VoiceStore:
                     continue
             if folder.name.startswith(TRASH_PREFIX):  # a delete was interrupted: finish it, caches included
                 voice_id = _trashed_voice_id(folder)
-                if voice_id is not None and self.cache is not None:
-                    self.cache.invalidate_voice(voice_id)
+                if voice_id is not None:
+                    self._purge_trash(folder, voice_id)
+                    continue
             if folder.name.startswith((TMP_PREFIX, OLD_PREFIX, TRASH_PREFIX)):
                 shutil.rmtree(folder, ignore_errors=True)
                 log.info("removed leftover %s", folder.name)
@@ -660,9 +865,12 @@ class VoiceStore:
                 with self._transaction() as tx:
                     tx.execute("DELETE FROM voices WHERE id = ?", (voice_id,))
                 if folder.exists():
-                    self._discard(folder)
-                elif self.cache is not None:
-                    self.cache.invalidate_voice(voice_id)
+                    self._discard(folder, deleted=True)
+                elif not any(f.name.startswith(f"{TRASH_PREFIX}{voice_id}-") for f in self.root.iterdir()):
+                    # (without the cache: an empty trash folder marks its entries for the next store with it)
+                    marker = self.root / f"{TRASH_PREFIX}{voice_id}-{uuid.uuid4().hex}"
+                    marker.mkdir()
+                    self._purge_trash(marker, voice_id)
         for folder in sorted(self.root.iterdir()):
             if (_ID_RE.fullmatch(folder.name) and folder.is_dir() and folder.name not in rows
                     and not (folder / META_FILE).exists()):
@@ -729,8 +937,8 @@ def _trashed_voice_id(folder: Path) -> str | None:
     return voice_id if isinstance(voice_id, str) and _ID_RE.fullmatch(voice_id) else None
 
 
-def check_name(name: str) -> None:
-    """Refuse a name that is not 1-32 characters of letters, digits, ``_``, space or ``-``.
+def check_name(name: str, what: str = "voice name") -> None:
+    """Refuse a name (``what``: of a voice, a style) that is not 1-32 letters, digits, ``_``, space or ``-``.
 
     Raises
     ------
@@ -739,7 +947,7 @@ def check_name(name: str) -> None:
     """
     if not NAME_RE.fullmatch(name) or name.strip() != name:
         raise VoiceError(
-            f"voice name {name!r} is not allowed: use 1-32 letters, digits, spaces, '_' or '-', "
+            f"{what} {name!r} is not allowed: use 1-32 letters, digits, spaces, '_' or '-', "
             "not starting or ending with a space"
         )
 
@@ -754,6 +962,7 @@ def _row_values(meta: Mapping[str, Any]) -> tuple[Any, ...]:
     """A voice's metadata as the values of :data:`_WRITE_COLUMNS` (consent and reference as JSON)."""
     values = {**meta, "consent": json.dumps(meta["consent"], ensure_ascii=False, sort_keys=True),
               "reference": json.dumps(meta["reference"], ensure_ascii=False, sort_keys=True),
+              "styles": json.dumps(meta.get("styles") or {}, ensure_ascii=False, sort_keys=True),
               "name_key": str(meta["name"]).casefold(), "owner_id": int(meta["owner_id"]),
               "version": int(meta["version"])}
     return tuple(values[c] for c in _WRITE_COLUMNS)
@@ -764,6 +973,7 @@ def _meta_of(row: tuple[Any, ...]) -> dict[str, Any]:
     meta: dict[str, Any] = dict(zip(_COLUMNS, row))
     meta["consent"] = json.loads(meta["consent"])
     meta["reference"] = json.loads(meta["reference"])
+    meta["styles"] = json.loads(meta["styles"] or "{}")
     return meta
 
 
@@ -779,22 +989,79 @@ def _meta_from_json(raw: Mapping[str, Any], folder_id: str) -> dict[str, Any]:
             "version": int(raw["version"]), "language": str(raw["language"]), "prompt_text": str(raw["prompt_text"]),
             "enrollment_prompt": raw.get("enrollment_prompt"), "model_id": str(raw["model_id"]),
             "created": str(raw["created"]), "updated": str(raw.get("updated", raw["created"])),
-            "consent": consent, "reference": reference}
+            "consent": consent, "reference": reference, "styles": {}}
 
 
-def _read_prompt(path: Path) -> tuple[VoicePrompt, int | None]:
-    """A voice's prompt arrays and the row version they were written for (None: written before versions were)."""
+def _read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of a voice's prompt file (the main prompt, ``clip_ges``, the styles' prompts, ``version``)."""
     with np.load(path, allow_pickle=False) as z:
-        prompt = VoicePrompt(
-            prompt_tokens=z["prompt_tokens"].astype(np.int64),
-            ge=z["ge"].astype(np.float32),
-            prompt_phones=z["prompt_phones"].astype(np.int64),
-            prompt_bert=z["prompt_bert"].astype(np.float32),
-            # v2Pro/v2ProPlus voices only; a v2 voice (or one stored before v2Pro support) has none
-            sv_emb=z["sv_emb"].astype(np.float32) if "sv_emb" in z.files else None,
-        )
-        stamp = int(z["version"]) if "version" in z.files else None
-    return prompt, stamp
+        return {key: np.asarray(z[key]) for key in z.files}
+
+
+def _prompt_of(arrays: Mapping[str, np.ndarray], prefix: str = "") -> VoicePrompt:
+    """The prompt stored under ``prefix`` ("": the voice's own; a style's: :data:`STYLE_ARRAYS`)."""
+    sv = arrays.get(f"{prefix}sv_emb")
+    return VoicePrompt(
+        prompt_tokens=arrays[f"{prefix}prompt_tokens"].astype(np.int64),
+        ge=arrays[f"{prefix}ge"].astype(np.float32),
+        prompt_phones=arrays[f"{prefix}prompt_phones"].astype(np.int64),
+        prompt_bert=arrays[f"{prefix}prompt_bert"].astype(np.float32),
+        # v2Pro/v2ProPlus voices only; a v2 voice (or one stored before v2Pro support) has none
+        sv_emb=sv.astype(np.float32) if sv is not None else None,
+    )
+
+
+def _prompt_arrays(prompt: VoicePrompt, prefix: str = "") -> dict[str, np.ndarray]:
+    """A prompt as the arrays of a prompt file, under ``prefix``; ``sv_emb`` only when the voice has one
+    (v2Pro/v2ProPlus), so its absence on load means a v2 voice."""
+    arrays = {
+        f"{prefix}prompt_tokens": np.asarray(prompt.prompt_tokens, np.int64),
+        f"{prefix}ge": np.asarray(prompt.ge, np.float32),
+        f"{prefix}prompt_phones": np.asarray(prompt.prompt_phones, np.int64),
+        f"{prefix}prompt_bert": np.asarray(prompt.prompt_bert, np.float32),
+    }
+    if prompt.sv_emb is not None:
+        arrays[f"{prefix}sv_emb"] = np.asarray(prompt.sv_emb, np.float32)
+    return arrays
+
+
+def _set_prompt(arrays: dict[str, np.ndarray], prompt: VoicePrompt, prefix: str = "") -> None:
+    """Put a prompt's arrays in place of those stored under ``prefix`` (a v2 prompt leaves no v2Pro ``sv_emb``)."""
+    arrays.pop(f"{prefix}sv_emb", None)
+    arrays.update(_prompt_arrays(prompt, prefix))
+
+
+def _style_of(meta: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A style's record in a voice's row (VoiceNotFound, naming the styles there are, when it has none so named)."""
+    style = meta["styles"].get(name.casefold())
+    if style is None:
+        have = ", ".join(sorted(st["name"] for st in meta["styles"].values())) or "none yet"
+        raise VoiceNotFound(f"voice {meta['name']!r} has no style {name!r} (its styles: {have})")
+    return style
+
+
+def _forget_style(arrays: dict[str, np.ndarray], file_id: str) -> list[str]:
+    """Drop a style's arrays; the file names to leave out of the new folder."""
+    prefix = STYLE_ARRAYS.format(file_id)
+    for key in [k for k in arrays if k.startswith(prefix)]:
+        del arrays[key]
+    return [STYLE_FILE.format(file_id)]
+
+
+def _check_extras(extras: int, clip_ges: np.ndarray | None) -> None:
+    """Refuse more extra clips than :data:`MAX_EXTRA_CLIPS`, or per-clip styles that are not one per clip."""
+    if extras > MAX_EXTRA_CLIPS:
+        raise VoiceError(f"a voice takes at most {MAX_EXTRA_CLIPS} extra clips, this would make {extras}; "
+                         "remove the voice's clips by making it again")
+    if (extras or clip_ges is not None) and (clip_ges is None or np.asarray(clip_ges).shape[0] != extras + 1):
+        raise VoiceError(f"{extras + 1} clips need {extras + 1} ge rows (main clip first)")
+
+
+def _read_clip(path: Path) -> np.ndarray:
+    """A stored clip, ``[N]`` float32 @ 32 kHz."""
+    data, rate = sf.read(str(path), dtype="float32", always_2d=False)
+    assert rate == SAMPLE_RATE, f"stored clip at {rate} Hz"
+    return np.asarray(data, dtype=np.float32)
 
 
 def _prompt_stamp(path: Path) -> int | None:
@@ -867,30 +1134,42 @@ def _now() -> str:
 
 def _write_clip(path: Path, clip32k: np.ndarray) -> None:
     """Write the 32 kHz reference as 24-bit FLAC and fsync it."""
+    flac = io.BytesIO()  # encoded first: libsndfile writing to a full disk fails with a bare AssertionError
+    sf.write(flac, np.clip(np.asarray(clip32k, np.float32), -1.0, 1.0), SAMPLE_RATE, format="FLAC", subtype="PCM_24")
     with open(path, "wb") as f:
-        sf.write(f, np.clip(np.asarray(clip32k, np.float32), -1.0, 1.0), SAMPLE_RATE, format="FLAC", subtype="PCM_24")
+        f.write(flac.getbuffer())
         f.flush()
         os.fsync(f.fileno())
 
 
-def _write_prompt(path: Path, prompt: VoicePrompt, version: int) -> None:
-    """Write the prompt arrays (compressed: BERT is all zeros for non-Chinese transcripts) and the version of the
-    row they belong to, and fsync; ``sv_emb`` is stored only when the voice has one (v2Pro/v2ProPlus), so its absence
-    on load means a v2 voice."""
-    arrays = {
-        "prompt_tokens": np.asarray(prompt.prompt_tokens, np.int64),
-        "ge": np.asarray(prompt.ge, np.float32),
-        "prompt_phones": np.asarray(prompt.prompt_phones, np.int64),
-        "prompt_bert": np.asarray(prompt.prompt_bert, np.float32),
-        "version": np.asarray(version, np.int64),
-    }
-    if prompt.sv_emb is not None:
-        arrays["sv_emb"] = np.asarray(prompt.sv_emb, np.float32)
+def _write_prompt(path: Path, arrays: Mapping[str, np.ndarray], version: int) -> None:
+    """Write a voice's prompt arrays (compressed: BERT is all zeros for non-Chinese transcripts) and the version of
+    the row they belong to, and fsync."""
+    content = {**arrays, "version": np.asarray(version, np.int64)}
     with open(path, "wb") as f:
         # (numpy's stub lets a ** mapping fill allow_pickle too, so pyright checks the arrays against bool)
-        np.savez_compressed(f, **arrays)  # pyright: ignore[reportArgumentType]
+        np.savez_compressed(f, **content)  # pyright: ignore[reportArgumentType]
         f.flush()
         os.fsync(f.fileno())
+
+
+def _out_of_space(error: BaseException | str, root: Path) -> bool:
+    """Did this error come from a full disk? (ENOSPC; SQLite's "full", or its "disk I/O error" with under a
+    megabyte free, which is how it reports a WAL index it could not make.)"""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(error)
+    if "database or disk is full" in text:
+        return True
+    cause = error.__cause__ if isinstance(error, BaseException) else None
+    if cause is not None and _out_of_space(cause, root):
+        return True
+    return "disk I/O error" in text and shutil.disk_usage(root).free < FULL_BELOW_BYTES
+
+
+def _full_message(root: Path, error: BaseException | str) -> str:
+    return (f"the voice folder {root} has no space left ({shutil.disk_usage(root).free // 1024} KB free: {error}); "
+            "nothing was changed: free some space, then try again")
 
 
 def _fsync_dir(path: Path) -> None:

@@ -18,6 +18,7 @@ from engines import SAMPLE_RATE, SAMPLES_PER_TOKEN, SSL_SAMPLE_RATE, Engine, Voi
 from synthesis.audio import Reference, reference_from_upload, resample
 from synthesis.precompute import precompute_phrases
 from synthesis.stages import Stages
+from synthesis.styles import Timbres, with_style
 from synthesis.text import bert_features, text_to_phonemes
 from synthesis.types import Limits, SynthesisParams, Voice, VoiceNotFound
 from synthesis.voices import Removed, VoiceError, VoiceStore, check_name
@@ -147,6 +148,7 @@ class Voicing:
         self.uses_sv: bool | None = None  # does the engine's SoVITS read SV features (v2Pro)? None: not yet known
         self._precomputing = VoiceTasks()
         self._reencoding: dict[str, asyncio.Lock] = {}  # voice id -> lock held while it is re-encoded
+        self._timbres = Timbres()  # the fused ge of each combination of voices a request named (aux_ref_audio_paths)
 
     @property
     def engine(self) -> Engine:
@@ -160,9 +162,7 @@ class Voicing:
                    progress: Progress = _no_progress) -> tuple[Voice, list[str]]:
         """Decode and encode the clip of a checked order, and store the voice: (voice, the clip's warnings)."""
         progress("decoding", 0.0)
-        lim = self.limits
-        ref = await asyncio.to_thread(reference_from_upload, data, filename, max_bytes=lim.max_upload_bytes,
-                                      max_seconds=lim.max_upload_s, min_s=lim.min_speech_s, max_s=lim.max_speech_s)
+        ref = await self._prepare(data, filename)
         progress("encoding", 0.3)
         prompt_text = (order.transcript or order.enrollment_prompt or "").strip()
         ref = _told_what_was_kept(ref, bool(prompt_text))
@@ -200,6 +200,76 @@ class Voicing:
         _, ge = await worker.call(lambda: engine.encode_reference(None, [wav32k], sv_emb=sv_emb))
         return VoicePrompt(np.zeros(0, np.int64), np.asarray(ge, np.float32), np.zeros(0, np.int64),
                            np.zeros((1024, 0), np.float32), sv_emb)
+
+    async def _prepare(self, data: bytes, filename: str) -> Reference:
+        """An upload -> a reference clip, as a voice's main clip is prepared (the same checks and messages)."""
+        lim = self.limits
+        return await asyncio.to_thread(reference_from_upload, data, filename, max_bytes=lim.max_upload_bytes,
+                                       max_seconds=lim.max_upload_s, min_s=lim.min_speech_s, max_s=lim.max_speech_s)
+
+    async def _clip_ges(self, clips32k: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Each clip's ``ge`` ``[gin, 1]`` on its own (v2Pro/v2ProPlus: fused with its own SV features, as upstream
+        does per reference before averaging)."""
+        worker, engine = self.stages.worker, self.engine
+        ges: list[np.ndarray] = []
+        for clip in clips32k:
+            _, ge = await worker.call(lambda clip=clip: engine.encode_reference(None, [clip]))
+            ges.append(np.asarray(ge, np.float32))
+        return ges
+
+    # ---- extra clips and styles --------------------------------------------------------------------------------
+
+    async def add_clips(self, voice: Voice, uploads: Sequence[tuple[bytes, str]]) -> tuple[Voice, list[str]]:
+        """Store extra clips with a voice: each prepared like its main clip, its ``ge`` averaged with the voice's
+        clips' (upstream's aux references: timbre only; the prompt tokens and transcript stay the main clip's).
+
+        ``uploads``: (file bytes, file name) each. Returns the new version and each clip's warnings, prefixed by
+        the clip's file name. Nothing is stored when any clip is refused.
+        """
+        voice = await self.fit(voice)
+        refs = [await self._prepare(data, filename) for data, filename in uploads]
+        ges = await self._clip_ges([r.wav32k for r in refs])
+        clip_ges = np.concatenate([voice.ges, np.stack(ges)], axis=0)  # [K, gin, 1], main clip first
+        prompt = dataclasses.replace(voice.prompt, ge=clip_ges.mean(axis=0).astype(np.float32))
+        stored = await asyncio.to_thread(self.store.add_clips, voice.id, refs, prompt, clip_ges)
+        warnings = [f"{filename}: {w}" for (_, filename), r in zip(uploads, refs)
+                    for w in ([r.kept] if r.kept else []) + list(r.warnings)]
+        return stored, warnings
+
+    async def add_style(self, voice: Voice, style: str, data: bytes, filename: str, *, transcript: str = "",
+                        language: str = "auto") -> tuple[Voice, list[str]]:
+        """Store a named style of a voice: a reference of its own (prompt tokens, transcript, ``ge``), prepared
+        and encoded like a voice's main clip. Returns the new version and the clip's warnings."""
+        check_name(style, "style name")
+        voice = await self.fit(voice)
+        ref = _told_what_was_kept(await self._prepare(data, filename), bool(transcript.strip()))
+        prompt_text = "" if ref.speech_left_out else transcript.strip()
+        prompt = await self._encode_prompt(ref.wav16k, ref.wav32k, prompt_text, language)
+        self._check_prompt_room(prompt.prompt_phones.size, prompt.prompt_tokens.size)
+        stored = await asyncio.to_thread(self.store.put_style, voice.id, style, ref, prompt, language=language,
+                                         prompt_text=prompt_text)
+        return stored, [ref.kept, *ref.warnings] if ref.kept else list(ref.warnings)
+
+    async def remove_style(self, voice: Voice, style: str) -> Voice:
+        """Remove a named style of a voice (its clip, arrays and cache entries go with the new version)."""
+        return await asyncio.to_thread(self.store.remove_style, voice.id, style)
+
+    async def speaking(self, voice: Voice, params: SynthesisParams) -> Voice:
+        """What a request speaks with: the fitted voice in the style ``params.style`` names, its ``ge`` averaged
+        with every clip of the voices ``params.aux_voices`` names (each fitted to the loaded model too).
+
+        Raises
+        ------
+        VoiceNotFound
+            the voice has no such style, or an aux voice is gone.
+        """
+        chosen = with_style(voice, params.style)
+        if not params.aux_voices:
+            return chosen
+        aux: list[Voice] = []
+        for voice_id in params.aux_voices:
+            aux.append(await self.fit(await asyncio.to_thread(self.store.get, voice_id)))
+        return self._timbres.speak_with(chosen, aux)
 
     def _check_prompt_room(self, phones: int, tokens: int) -> None:
         """Refuse a reference whose transcript and tokens leave the GPT no room for a sentence.
@@ -258,7 +328,7 @@ class Voicing:
     async def _reencode(self, voice: Voice) -> Voice:
         """Encode a stored voice again, from its stored clip and transcript, with the loaded model; store it."""
         try:
-            clip = await asyncio.to_thread(self.store.load_clip, voice.id)  # [N] float32 @ 32 kHz
+            clip, *extras = await asyncio.to_thread(self.store.load_clips, voice.id)  # [N] float32 @ 32 kHz each
         except VoiceNotFound:
             raise VoiceError(f"voice {voice.name!r} was made for another model and its reference clip is missing, "
                              "so it cannot be re-encoded; create the voice again") from None
@@ -266,8 +336,18 @@ class Voicing:
                  self.engine.model_id)
         wav16k = await asyncio.to_thread(resample, clip, SAMPLE_RATE, SSL_SAMPLE_RATE)  # [M] float32 @ 16 kHz
         prompt = await self._encode_prompt(wav16k, clip, voice.prompt_text, voice.language)
+        clip_ges = None
+        if extras:  # the extra clips: each one's ge again, averaged with the main clip's
+            clip_ges = np.stack([prompt.ge, *await self._clip_ges(extras)])  # [K, gin, 1]
+            prompt = dataclasses.replace(prompt, ge=clip_ges.mean(axis=0).astype(np.float32))
+        styles: dict[str, VoicePrompt] = {}
+        for style in voice.styles.values():  # each its own reference, encoded from its own clip and transcript
+            wav32k = await asyncio.to_thread(self.store.load_style_clip, voice.id, style.name)
+            wav16k = await asyncio.to_thread(resample, wav32k, SAMPLE_RATE, SSL_SAMPLE_RATE)
+            styles[style.name] = await self._encode_prompt(wav16k, wav32k, style.prompt_text, style.language)
         self.stages.stats.counters["voice_reencoded"] += 1
-        return await asyncio.to_thread(self.store.replace, voice.id, prompt, model_id=self.engine.model_id)
+        return await asyncio.to_thread(self.store.replace, voice.id, prompt, model_id=self.engine.model_id,
+                                       clip_ges=clip_ges, style_prompts=styles)
 
     # ---- precompute --------------------------------------------------------------------------------------------
 

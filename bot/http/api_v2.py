@@ -14,8 +14,10 @@ How upstream's parameters map here:
   that folder or to the working directory). Any other path (``..``, a symlink pointing out, a file that is not a
   stored voice's, a name too long for a file system) is refused with 400. The voice's stored reference,
   transcript and language are used, so ``prompt_text`` and ``prompt_lang`` are validated and otherwise ignored.
-* ``aux_ref_audio_paths``: each must resolve like ``ref_audio_path``; a voice's style vector is fixed when the
-  voice is created, so they add nothing (create the voice from the combined clips instead).
+* ``aux_ref_audio_paths``: each must resolve like ``ref_audio_path``, to a stored voice; as upstream, they change
+  the timbre only: the decode's style vector ``ge`` is the mean over every clip of the main voice (its extra clips
+  too) and of each aux voice, while the prompt tokens and transcript stay the main voice's. Audio made so is not
+  kept in the audio cache (it would outlive the deletion of an aux voice).
 * No-ops, validated for type and range: ``batch_size``, ``batch_threshold``, ``split_bucket``, ``parallel_infer``
   (the scheduler batches across requests by itself), ``sample_steps`` and ``super_sampling`` (v3/v4 only),
   ``overlap_length`` and ``min_chunk_length`` (token streaming).
@@ -433,10 +435,11 @@ async def parse_tts(values: Mapping[str, Any], services: Any, *,
     given = {"language": q.text_lang, "top_k": q.top_k, "top_p": q.top_p, "temperature": q.temperature,
              "split_method": q.text_split_method, "speed": q.speed_factor, "fragment_interval": q.fragment_interval,
              "seed": q.seed, "repetition_penalty": q.repetition_penalty, "noise_scale": q.noise_scale}
-    params = make_params(base, **{k: v for k, v in given.items() if v is not None})
     voice = await resolve_ref(voices, config.voices.dir, q.ref_audio_path)
-    for path in q.aux_ref_audio_paths:
-        await resolve_ref(voices, config.voices.dir, path, name="aux_ref_audio_paths")
+    aux = [await resolve_ref(voices, config.voices.dir, path, name="aux_ref_audio_paths")
+           for path in q.aux_ref_audio_paths]
+    given["aux_voices"] = tuple(v.id for v in aux) or None
+    params = make_params(base, **{k: v for k, v in given.items() if v is not None})
     return TtsRequest(text, voice, params, q.media_type, q.streaming_mode)
 
 

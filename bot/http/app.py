@@ -23,8 +23,8 @@ from bot.config import ConfigError
 from bot.http import (api_v2, elevenlabs, elevenlabs_multi, elevenlabs_rest, guard, openai_speech, pronunciations,
                       sillytavern, stream_input)
 from bot.http.metrics import HttpMetrics
-from bot.http.responses import (METRICS, REQUEST_T0, SERVICES, ApiError, error_for, json_error, protocol_of,
-                                services_of)
+from bot.http.responses import (METRICS, REQUEST_T0, SERVICES, ApiError, error_for, ignored_header, json_error,
+                                protocol_of, services_of)
 from synthesis import SpeechError
 
 if TYPE_CHECKING:
@@ -123,6 +123,12 @@ async def _cors_headers(request: web.Request, response: web.StreamResponse) -> N
         response.headers["Vary"] = "Origin"
 
 
+async def _ignored(request: web.Request, response: web.StreamResponse) -> None:
+    """Say which request fields had no effect (``X-Voicebot-Ignored``: OpenAI ``instructions`` that name no style,
+    an ElevenLabs ``style`` number)."""
+    ignored_header(request, response)
+
+
 async def _request_id(request: web.Request, response: web.StreamResponse) -> None:
     """Every response names its request: the client's own ``X-Request-Id`` when it is a plain token, else a new
     one (LiveKit warns on every answer without it)."""
@@ -168,6 +174,7 @@ def create_app(services: Services) -> web.Application:
     guard.setup(app, config.secret(config.http.token_env))
     app.on_response_prepare.append(_cors_headers)
     app.on_response_prepare.append(_request_id)
+    app.on_response_prepare.append(_ignored)
     api_v2.add_routes(app, config)
     sillytavern.add_routes(app)
     openai_speech.add_routes(app)

@@ -6,8 +6,10 @@
 ``{voice}`` as in the WebSocket doors (a stored voice's name or id, or an ``http.voice_aliases`` entry); the key in
 ``xi-api-key``. Query: ``output_format`` (the WebSocket doors' formats, default ``mp3_44100_128``), and, accepted
 without effect, ``enable_logging`` and ``optimize_streaming_latency``; any other parameter is a 400. Body (JSON):
-``text`` (required), ``language_code``, ``seed``, ``voice_settings`` (``speed`` sets the rate; stability,
-similarity_boost, style and use_speaker_boost are checked and have no effect); ElevenLabs' other fields
+``text`` (required), ``language_code``, ``seed``, ``voice_settings`` (``speed`` sets the rate; ``style`` as a
+string names one of the voice's styles, e.g. ``"calm"``, a 400 when it has none so named; ElevenLabs' own ``style``
+is a number 0-1, which has no effect and is named in ``X-Voicebot-Ignored``; stability, similarity_boost and
+use_speaker_boost are checked and have no effect); ElevenLabs' other fields
 (``model_id``, ``previous_text``, ``pronunciation_dictionary_locators``...) are accepted without effect.
 ``/stream`` sends the audio as it is synthesized (chunked); ``/stream/with-timestamps`` sends it as JSON lines
 ``{"audio_base64", "alignment": null, "normalized_alignment": null}`` (no character timings are computed); the
@@ -29,8 +31,9 @@ from bot.http.api_v2 import (MAX_SEED, base_params, check_chars, check_text, mak
                              refuse_bool, voices_of)
 from bot.http.guard import QUERY_CREDENTIALS
 from bot.http.openai_speech import resolve_voice
-from bot.http.responses import services_of, stream_audio, validate_body, whole_audio
+from bot.http.responses import ApiError, say_ignored, services_of, stream_audio, validate_body, whole_audio
 from bot.http.stream_input import refuse_unknown
+from synthesis import VoiceNotFound, with_style
 
 PARAMETERS = ("output_format", "enable_logging", "optimize_streaming_latency") + QUERY_CREDENTIALS
 # encoder format -> the Content-Type ElevenLabs answers with
@@ -48,9 +51,16 @@ class _VoiceSettings(pydantic.BaseModel):
     def _no_bool(cls, value: Any) -> Any:
         return refuse_bool(value)
 
+    @pydantic.field_validator("style")
+    @classmethod
+    def _unit_or_name(cls, value: float | str | None) -> float | str | None:
+        if isinstance(value, float) and not 0.0 <= value <= 1.0:
+            raise ValueError("style is a number from 0 to 1, or the name of one of the voice's styles")
+        return value
+
     stability: float | None = _Unit
     similarity_boost: float | None = _Unit
-    style: float | None = _Unit
+    style: float | str | None = None  # a number 0-1 (ElevenLabs'), or the name of one of the voice's styles
     use_speaker_boost: bool | None = None
     speed: float | None = pydantic.Field(None, ge=0.25, le=4.0, allow_inf_nan=False)
 
@@ -90,8 +100,16 @@ async def _speech(request: web.Request, *, streamed: bool, timestamps: bool = Fa
         changes["seed"] = body.seed
     if body.voice_settings is not None and body.voice_settings.speed is not None:
         changes["speed"] = body.voice_settings.speed
-    params = make_params(base, **changes)
     voice = await resolve_voice(voices_of(services), config.http, request.match_info["voice"])
+    style = body.voice_settings.style if body.voice_settings is not None else None
+    if isinstance(style, str) and style.strip():
+        try:
+            changes["style"] = voice.styles[with_style(voice, style.strip()).style].name
+        except VoiceNotFound as e:
+            raise ApiError(400, str(e)) from None
+    elif isinstance(style, float):
+        say_ignored(request, "voice_settings.style")
+    params = make_params(base, **changes)
     chunks = services.synthesizer.stream(text, voice, params)
     if timestamps:
         return await stream_audio(request, chunks, fmt, sample_rate=rate, content_type="application/json",

@@ -10,10 +10,12 @@ is synthesized, as OpenAI's endpoint does: ``wav`` carries 0xFFFFFFFF sizes as O
 ``flac`` is sent once complete so its header holds the length, ``pcm`` is 24 kHz signed 16-bit little-endian like
 OpenAI's, the other formats carry their rate (32 kHz) in their headers. ``stream_format: "sse"`` sends
 ``speech.audio.delta`` events (base64 of the encoded bytes) and a final ``speech.audio.done`` with ``usage``.
-``instructions`` is accepted and has no effect (the voice's own reference sets the style). Extensions:
+``instructions`` that name one of the voice's styles ("calm", "style: calm") speak in that style; other
+instructions have no effect, and the response says so in ``X-Voicebot-Ignored: instructions``. Extensions:
 ``language`` (default from config) and ``seed``. ``/v1/audio/voices`` also says, per voice, whether it has a
 transcript and which seconds of its upload its reference is (``reference``: ``start_s``, ``end_s``, ``clip_s``,
-``left_out_s``, and ``kept``, the line its maker was told when speech was left out).
+``left_out_s``, and ``kept``, the line its maker was told when speech was left out), how many clips its timbre
+averages (``clips``) and its named ``styles``.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from aiohttp import web
 
 from bot.http.api_v2 import (MAX_SEED, base_params, check_chars, check_text, lookup_voice, make_params,
                              read_json_object, refuse_bool, voice_catalog, voice_names, voices_of)
-from bot.http.responses import METRICS, ApiError, services_of, stream_audio, validate_body
-from synthesis import LANGUAGES, Voice
+from bot.http.responses import METRICS, ApiError, say_ignored, services_of, stream_audio, validate_body
+from synthesis import LANGUAGES, Voice, style_named
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +83,11 @@ async def _speech(request: web.Request) -> web.StreamResponse:
     language = body.language or base.language
     if language not in LANGUAGES:
         raise ApiError(400, f"language must be one of {', '.join(LANGUAGES)}; got {body.language!r}")
+    style = style_named(voice, body.instructions) if body.instructions.strip() else ""
+    if style is None:
+        say_ignored(request, "instructions")
     params = make_params(base, speed=body.speed, language=language,
-                         seed=base.seed if body.seed is None else body.seed)
+                         seed=base.seed if body.seed is None else body.seed, style=style or "")
     fmt = body.response_format
     chunks = synth.stream(text, voice, params)
     return await stream_audio(request, chunks, fmt, sample_rate=PCM_RATE if fmt == "pcm" else None,
@@ -142,7 +147,8 @@ async def _voices(request: web.Request) -> web.Response:
     references = await voices.references([v.id for _, _, v in catalog])
     return web.json_response({"voices": [
         {"id": key, "name": display, "language": v.language, "transcript": bool(v.prompt_text),
-         "reference": _described(references.get(v.id, {}))} for key, display, v in catalog]})
+         "reference": _described(references.get(v.id, {})), "clips": 1 if v.clip_ges is None else len(v.clip_ges),
+         "styles": sorted(st.name for st in v.styles.values())} for key, display, v in catalog]})
 
 
 def _described(reference: dict[str, Any]) -> dict[str, Any]:

@@ -260,6 +260,22 @@ def speech_usage(text: str, audio_s: float) -> dict[str, int]:
             "total_tokens": input_tokens + output_tokens}
 
 
+IGNORED_HEADER = "X-Voicebot-Ignored"  # request fields accepted without effect, comma-separated
+_IGNORED = "voicebot_ignored"  # where a handler notes them on the request
+
+
+def say_ignored(request: web.Request, field: str) -> None:
+    """Note that a request field had no effect: the response says so in :data:`IGNORED_HEADER`."""
+    request.setdefault(_IGNORED, []).append(field)
+
+
+def ignored_header(request: web.Request, response: web.StreamResponse) -> None:
+    """Set :data:`IGNORED_HEADER` on a response (its headers not sent yet) from what the handler noted."""
+    fields = request.get(_IGNORED)
+    if fields:
+        response.headers[IGNORED_HEADER] = ", ".join(fields)
+
+
 async def stream_audio(request: web.Request, chunks: AsyncIterator[AudioChunk], fmt: str, *,
                        sample_rate: int | None = None, content_type: str | None = None,
                        sse: bool = False, wav_size_unknown: bool = False,

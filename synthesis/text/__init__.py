@@ -5,6 +5,7 @@ Dictionaries and models (CMU, jieba, pypinyin, the g2p_en GRU, OpenJTalk) load o
 
 from __future__ import annotations
 
+from .assets import configure_frontend
 from .errors import TextError
 from .explain import explain_text
 from .frontend import Phonemes, bert_features, check_speakable, speakable_languages, text_to_phonemes
@@ -27,4 +28,5 @@ __all__ = [
     "explain_text",
     "speakable_languages",
     "check_speakable",
+    "configure_frontend",
 ]

@@ -64,7 +64,10 @@ _configured: Path | None = None
 def configure(folder: str | os.PathLike[str] | None) -> None:
     """Read upstream's dictionaries from ``folder`` (None: from ``$VOICEBOT_UPSTREAM_TEXT_DIR`` where it is set)."""
     global _configured
-    _configured = Path(folder) if folder is not None else None
+    new = Path(folder) if folder is not None else None
+    if new == _configured:
+        return  # (each synthesizer a process builds configures it: keep what is loaded)
+    _configured = new
     cmu.cache_clear()
     title_words.cache_clear()
 

@@ -5,14 +5,17 @@ every polyphonic character in a clause, takes the other characters from a monoph
 overrides words listed in its ``polyphonic.rep`` tables (``correct_pronunciation``). This module does the same when
 the ``G2PWModel`` folder (``g2pW.onnx``, ``config.py``, ``POLYPHONIC_CHARS.txt``, ``MONOPHONIC_CHARS.txt``,
 ``bopomofo_to_pinyin_wo_tune_dict.json``) is present, with the tokenizer of the Chinese BERT folder. The correction
-tables are read from ``polyphonic.rep`` / ``polyphonic-fix.rep`` in the same folder when they are there (copy
-them from a GPT-SoVITS checkout); without them, the model's readings are used as they are.
+tables are read from ``polyphonic.rep`` / ``polyphonic-fix.rep`` in the same folder when they are there (``models
+download`` puts them there); without them, the model's readings are used as they are.
 
-Nothing is downloaded: without the folder :func:`predict` returns None and the pypinyin path is used (the path
+Nothing is downloaded here (``python -m bot models download`` fetches the folder and the correction tables into
+the models folder): without the folder :func:`predict` returns None and the pypinyin path is used (the path
 the v2 golden data was made with).
 
-Where it is looked for: :func:`configure`, else ``$VOICEBOT_G2PW_DIR`` (and ``$VOICEBOT_BERT_DIR`` for the
-tokenizer), else ``models/G2PWModel`` and ``models/chinese-roberta-wwm-ext-large`` under the working directory.
+Where it is looked for: :func:`configure` (the bot passes ``models.dir``'s ``G2PWModel``), else
+``$VOICEBOT_G2PW_DIR``; nowhere else (never the working directory, so a test run from a checkout does not pick up a
+user's folder). The tokenizer: the one given to :func:`configure`, else ``$VOICEBOT_BERT_DIR``, else the
+``chinese-roberta-wwm-ext-large`` folder beside the model's.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_DIR = Path("models/G2PWModel")
-DEFAULT_TOKENIZER_DIR = Path("models/chinese-roberta-wwm-ext-large")
+MODEL_DIR_ENV = "VOICEBOT_G2PW_DIR"
+TOKENIZER_DIR_ENV = "VOICEBOT_BERT_DIR"
+SIBLING_TOKENIZER = "chinese-roberta-wwm-ext-large"  # the Chinese BERT's folder, beside G2PWModel under models.dir
 CONTEXT_CHARS = 16  # characters of context kept on each side of the polyphones (upstream's default)
 MAX_SPAN_CHARS = 400  # polyphones further apart than this go to the model in separate windows (BERT takes 512)
 # Characters the model lists as polyphonic that upstream reads with pypinyin anyway (sandhi handles 一 and 不).
@@ -46,7 +50,7 @@ _configured: tuple[Path | None, Path | None] | None = None
 def configure(model_dir: str | os.PathLike[str] | None, tokenizer_dir: str | os.PathLike[str] | None = None) -> None:
     """Use the G2PW folder ``model_dir`` (None: never use G2PW) with the BERT tokenizer in ``tokenizer_dir``.
 
-    Overrides the environment and the default locations; takes effect on the next :func:`predict`.
+    Overrides the environment; takes effect on the next :func:`predict`.
     """
     global _configured
     _configured = (
@@ -57,22 +61,25 @@ def configure(model_dir: str | os.PathLike[str] | None, tokenizer_dir: str | os.
 
 
 def use_defaults() -> None:
-    """Forget :func:`configure`: look in the environment and the default locations again."""
+    """Forget :func:`configure`: look in the environment again."""
     global _configured
     _configured = None
     _model.cache_clear()
 
 
-def _locations() -> tuple[Path | None, Path]:
-    """(model folder or None, tokenizer folder) from configure(), the environment or the defaults."""
+def _locations() -> tuple[Path | None, Path | None]:
+    """(model folder, tokenizer folder) from configure() or the environment; (None, None) where neither names one."""
     if _configured is not None:
         model_dir, tokenizer_dir = _configured
     else:
-        env = os.environ.get("VOICEBOT_G2PW_DIR")
-        model_dir = Path(env) if env else DEFAULT_MODEL_DIR
+        env = os.environ.get(MODEL_DIR_ENV)
+        model_dir = Path(env) if env else None
         tokenizer_dir = None
+    if model_dir is None:
+        return None, None
     if tokenizer_dir is None:
-        tokenizer_dir = Path(os.environ.get("VOICEBOT_BERT_DIR") or DEFAULT_TOKENIZER_DIR)
+        env = os.environ.get(TOKENIZER_DIR_ENV)
+        tokenizer_dir = Path(env) if env else model_dir.parent / SIBLING_TOKENIZER
     return model_dir, tokenizer_dir
 
 
@@ -103,7 +110,7 @@ def correct(word: str, syls: list[str]) -> list[str]:
 def _model() -> _G2PW | None:
     """The loaded model, or None when its folder is absent (or broken: logged once)."""
     model_dir, tokenizer_dir = _locations()
-    if model_dir is None or not model_dir.is_dir():
+    if model_dir is None or tokenizer_dir is None or not model_dir.is_dir():
         return None
     onnx_path = next((p for p in (model_dir / "g2pW.onnx", model_dir / "g2pw.onnx") if p.is_file()), None)
     if onnx_path is None:

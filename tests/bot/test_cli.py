@@ -16,6 +16,8 @@ import soundfile as sf
 from tests.audio_samples import speech_like_wav
 
 ROOT = Path(__file__).resolve().parents[2]
+# shaped like a bot token (user id . timestamp . signature), accepted by no one: Discord is asked and refuses it
+SHAPED_TOKEN = "MTAwMDAwMDAwMDAwMDAwOTAx.GxQ3aB.abcdefghijklmnopqrstuvwxyz0"
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -131,7 +133,7 @@ def test_run_without_a_token_says_what_to_do(tmp_path: Path):
 def test_run_without_models_says_to_download(tmp_path: Path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"models:\n  dir: {tmp_path}/m\n  gpt: {tmp_path}/m/g.ckpt\n")
-    r = _cli("--config", str(cfg), "run", env={"DISCORD_TOKEN": "x"})
+    r = _cli("--config", str(cfg), "run", env={"DISCORD_TOKEN": SHAPED_TOKEN})
     assert r.returncode != 0
     assert "models download" in r.stderr.strip().splitlines()[-1]
 
@@ -210,7 +212,8 @@ def test_a_wrong_or_unreachable_token_is_one_line(tiny_models: Path, tmp_path: P
             cfg = _config(tiny_models, tmp_path)
             cfg.write_text(cfg.read_text().replace("discord:\n", f"discord:\n  api_base: {api_base}\n"))
             for command in ("check-token", "run"):
-                _one_line_error(_cli("--config", str(cfg), command, env={"DISCORD_TOKEN": "wrong"}, timeout=120),
+                _one_line_error(_cli("--config", str(cfg), command, env={"DISCORD_TOKEN": SHAPED_TOKEN},
+                                     timeout=120),
                                 needle)
     finally:
         discord.server.shutdown()
@@ -263,4 +266,35 @@ def test_voices_delete_removes_the_database_rows_that_name_the_voice(tiny_models
     running.put_tokens(running.prosody_key("model-a", voice.id, 1, "late", "en", SAMPLING), np.arange(20), voice.id)
     assert running.stats()["prosody"]["entries"] == 0 and running.is_retired(voice.id)
     running.close()
+    _assert_no_voice_left(tmp_path / "voices")
+
+
+def test_voices_extra_clips_and_styles(tiny_models: Path, tmp_path: Path):
+    cfg = _config(tiny_models, tmp_path)
+    clips = {}
+    for name, (f0, seed) in {"me": (140.0, 2), "more": (200.0, 5), "calm": (120.0, 9)}.items():
+        clips[name] = tmp_path / f"{name}.wav"
+        clips[name].write_bytes(speech_like_wav(5.0, f0=f0, seed=seed))
+    bad = tmp_path / "noise.wav"
+    bad.write_bytes(b"RIFF not a wav file")
+    r = _cli("--config", str(cfg), "voices", "add", "me", str(clips["me"]), "--text", "This is my voice.",
+             "--lang", "en", "--extra", str(clips["more"]), str(bad))
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1] == (
+        "error: 'noise.wav' is not audio we can read; send wav/flac/mp3/ogg/opus/m4a/webm")
+    _assert_no_voice_left(tmp_path / "voices")  # the voice is not kept without the clips asked for
+    r = _cli("--config", str(cfg), "voices", "add", "me", str(clips["me"]), "--text", "This is my voice.",
+             "--lang", "en", "--extra", str(clips["more"]))
+    assert r.returncode == 0, r.stderr
+    assert "1 extra clip(s) averaged into its timbre" in r.stdout
+    r = _cli("--config", str(cfg), "voices", "add-style", "me", "calm", str(clips["calm"]), "--text",
+             "I am calm today.", "--lang", "en")
+    assert r.returncode == 0, r.stderr
+    assert "style 'calm' stored with voice 'me' (now version 3)" in r.stdout
+    r = _cli("--config", str(cfg), "voices", "list")
+    assert r.returncode == 0 and "+1 clip(s)  styles: calm" in r.stdout
+    r = _cli("--config", str(cfg), "say", "Hello!", "--voice", "me", "--style", "excited", "-o",
+             str(tmp_path / "o.wav"), "--lang", "en")
+    assert r.returncode != 0 and "has no style 'excited' (its styles: calm)" in r.stderr
+    r = _cli("--config", str(cfg), "voices", "delete", "me")
+    assert r.returncode == 0, r.stderr
     _assert_no_voice_left(tmp_path / "voices")

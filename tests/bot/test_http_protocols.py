@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import re
 
@@ -16,7 +17,8 @@ import pytest
 from tests.bot.test_http_fakes import (SENTENCE_S, VOICE_FREQS, Server, decode, decode_everywhere, dominant_freq,
                                        sentence_freqs, start)
 
-from synthesis.types import SynthesisParams
+from bot.http.responses import IGNORED_HEADER
+from synthesis.types import SynthesisParams, VoiceStyle
 
 THREE = "One sentence here. Another one follows! And a third?"
 FREQ_TOL = 8.0  # Hz, FFT bin width of a 0.25 s window is 4 Hz
@@ -62,7 +64,8 @@ async def test_tts_get_every_parameter_reaches_the_synthesizer(server: Server, s
     assert call.text == THREE and call.voice is server.voices["bob"]
     assert call.params == SynthesisParams(language="en", top_k=7, top_p=0.8, temperature=0.7,
                                           repetition_penalty=1.2, speed=1.25, noise_scale=0.3, seed=1234,
-                                          split_method="cut1", fragment_interval=0.15)
+                                          split_method="cut1", fragment_interval=0.15,
+                                          aux_voices=(server.voices["alice"].id,))
 
 
 async def test_tts_post_json_types_and_defaults(server: Server, session) -> None:
@@ -76,6 +79,7 @@ async def test_tts_post_json_types_and_defaults(server: Server, session) -> None
     check_audio(data, "raw", 3, "carol")
     p = server.synth.calls[-1].params
     assert (p.language, p.top_k, p.temperature, p.seed) == ("zh", 3, 1.5, 7)
+    assert p.aux_voices == (server.voices["carol"].id, server.voices["alice"].id)  # in order, as upstream averages
     # everything not sent: the config's defaults, which are upstream's
     assert (p.top_p, p.repetition_penalty, p.speed, p.split_method, p.fragment_interval) == (1.0, 1.35, 1.0,
                                                                                           "cut5", 0.3)
@@ -303,6 +307,10 @@ async def test_openai_models_voices_and_errors(server: Server, session) -> None:
     async with session.get(server.url + "/v1/audio/voices") as r:
         voices = await r.json()
     assert [v["id"] for v in voices["voices"]] == ["alice", "bob", "carol"]
+    _give_style(server, "bob", "Calm")
+    async with session.get(server.url + "/v1/audio/voices") as r:
+        voices = await r.json()
+    assert [(v["clips"], v["styles"]) for v in voices["voices"]] == [(1, []), (1, ["Calm"]), (1, [])]
     for body, needle in [({"model": "tts-1", "input": "Hi.", "voice": "nobody"}, "voice 'nobody' does not exist"),
                          ({"model": "tts-1", "voice": "bob"}, "input is required"),
                          ({"model": "tts-1", "input": "Hi.", "voice": "bob", "speed": 5},
@@ -429,3 +437,44 @@ async def test_the_doors_read_voices_through_the_voice_service_off_the_loop(serv
             assert r.status == 200, (path, await r.text())
             await r.read()
     assert {"find", "list"} <= {name for name, _ in reads} and not any(on_loop for _, on_loop in reads), reads
+
+
+# ---- named styles chosen per request -----------------------------------------------------------------------------
+
+def _give_style(server: Server, name: str, style: str) -> None:
+    """A named style on a fake voice (its own prompt: here the voice's, enough for the door's choice)."""
+    v = server.synth.voices.get(server.voices[name].id)
+    server.synth.voices._put(dataclasses.replace(v, styles={style.casefold(): VoiceStyle(style, "en", "", v.prompt)}))
+
+
+@pytest.mark.parametrize(("instructions", "style", "ignored"), [
+    ("calm", "Calm", None), ("Style: CALM.", "Calm", None), ("style=calm", "Calm", None),
+    ("Speak cheerfully and fast", "", "instructions"), ("excited", "", "instructions"), ("", "", None)])
+async def test_openai_instructions_choose_a_style_or_say_they_were_ignored(server: Server, session, instructions,
+                                                                          style, ignored) -> None:
+    _give_style(server, "alice", "Calm")
+    body = {"model": "tts-1", "input": "Hello there.", "voice": "alice", "response_format": "wav",
+            "instructions": instructions}
+    async with session.post(server.url + "/v1/audio/speech", json=body) as r:
+        assert r.status == 200, await r.text()
+        assert r.headers.get(IGNORED_HEADER) == ignored
+        await r.read()
+    assert server.synth.calls[-1].params.style == style
+
+
+@pytest.mark.parametrize(("style", "status", "chosen", "ignored"), [
+    ("calm", 200, "Calm", None), (" CALM ", 200, "Calm", None), (0.3, 200, "", "voice_settings.style"),
+    (1, 200, "", "voice_settings.style"), (None, 200, "", None), ("", 200, "", None),
+    ("excited", 400, None, None), (1.5, 400, None, None)])
+async def test_elevenlabs_style_names_a_style_and_a_number_is_said_to_be_ignored(server: Server, session, style,
+                                                                                 status, chosen, ignored) -> None:
+    _give_style(server, "bob", "Calm")
+    body = {"text": "Hello there.", "voice_settings": {"style": style, "speed": 1.0}}
+    async with session.post(server.url + "/v1/text-to-speech/bob/stream?output_format=pcm_16000", json=body) as r:
+        text = await r.read()
+        assert r.status == status, text
+        assert r.headers.get(IGNORED_HEADER) == ignored
+    if status == 200:
+        assert server.synth.calls[-1].params.style == chosen
+    elif style == "excited":
+        assert "has no style 'excited' (its styles: Calm)" in text.decode()

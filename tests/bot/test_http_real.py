@@ -170,6 +170,28 @@ async def test_api_v2_tts_returns_what_the_synthesizer_makes(env: Env, method: s
     check_body(body, media_type, await env.reference(TEXT, "alice"))
 
 
+async def test_api_v2_aux_ref_audio_paths_average_the_clips_as_the_engine_does(env: Env) -> None:
+    values = {"text": TEXT, "text_lang": "en", "ref_audio_path": "alice", "aux_ref_audio_paths": ["bob"],
+              "seed": SEED, "media_type": "raw"}
+    _, body = await fetch("POST", env.url + "/tts", json=values)
+    got = decode(body, "raw", RATE)[0]
+    # the reference: alice's prompt with the ge of the engine's own two-reference encode (alice's clip, bob's)
+    ref = env.reference_synth
+    alice = ref.voices.get(env.voices["alice"].id)
+    clips = [ref.voices.load_clip(env.voices[name].id) for name in ("alice", "bob")]
+    _, ge = ref.engine.encode_reference(None, clips)
+    fused = dataclasses.replace(alice, prompt=dataclasses.replace(alice.prompt, ge=ge), timbre="engine's own")
+    want, _ = await ref.synthesize(TEXT, fused, env.params())
+    assert got.size == want.size
+    assert np.abs(got - want).max() < 1e-3  # (the mean of clips one by one vs one call: float32 sums)
+    plain = decode(await _body(env, {**values, "aux_ref_audio_paths": []}), "raw", RATE)[0]
+    assert np.abs(plain - got).max() > 1e-2  # bob's timbre is in it
+
+
+async def _body(env: Env, values: dict[str, Any]) -> bytes:
+    return (await fetch("POST", env.url + "/tts", json=values))[1]
+
+
 # ---- SillyTavern -------------------------------------------------------------------------------------------------
 
 async def test_sillytavern_generation(env: Env) -> None:
@@ -340,6 +362,7 @@ async def test_the_voice_list_says_which_seconds_each_voice_uses_and_whether_it_
         await env.server_synth.voicing.delete(long.id)
     alice = described["alice"]
     assert alice["transcript"] is True and alice["reference"]["clip_s"] == 4.0 and alice["reference"]["kept"] == ""
+    assert (alice["clips"], alice["styles"]) == (1, [])
     assert alice["reference"]["left_out_s"] == 0.0 and 0.0 <= alice["reference"]["start_s"] <= 0.3
     entry = described["longclip"]
     assert entry["transcript"] is False and entry["reference"]["clip_s"] == 25.0

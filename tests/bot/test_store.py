@@ -36,7 +36,7 @@ async def store(tmp_path: Path):
 
 
 async def test_new_database_is_wal_and_current(store: Store, tmp_path: Path) -> None:
-    assert await store.schema_version() == SCHEMA_VERSION == 4
+    assert await store.schema_version() == SCHEMA_VERSION == 5
     conn = sqlite3.connect(tmp_path / "db" / "voicebot.sqlite3")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -57,7 +57,7 @@ async def test_v1_database_migrates_and_keeps_its_data(tmp_path: Path) -> None:
     conn.close()
 
     async with Store(path) as s:
-        assert await s.schema_version() == 4
+        assert await s.schema_version() == 5
         assert await s._read("SELECT name FROM sqlite_master WHERE name = 'consent'") == []  # v3: kept once, elsewhere
         assert await s.voice_journal() == []
         assert (await s.user_settings(ALICE))["speed"] == 1.5  # moved into the global (guild 0) rows
@@ -353,3 +353,25 @@ async def test_voice_journal_deletes_rows_first_and_remembers_until_the_end(stor
     assert await store.shared_voices(G1) == [] and (await store.user_settings(BOB))["voice"] is None
     await store.end_voice([vid])
     assert await store.voice_journal() == []
+
+
+async def test_v4_database_gains_the_block_list_and_usage_counters(tmp_path: Path) -> None:
+    path = tmp_path / "v4.sqlite3"
+    conn = sqlite3.connect(path, isolation_level=None)
+    assert migrate(conn, upto=4) == 4
+    conn.execute("INSERT INTO guild_settings (guild_id, key, value) VALUES (?, 'repeat_cap', '5')", (G1,))
+    conn.close()
+    async with Store(path) as s:
+        assert await s.schema_version() == 5 and await s.get_guild_setting(G1, "repeat_cap") == 5
+        assert await s.block(G1, "user", ALICE) and not await s.block(G1, "user", ALICE)
+        assert await s.block(G1, "role", 42)
+        assert await s.blocks(G1) == [("user", ALICE), ("role", 42)] and await s.blocks(999) == []
+        assert await s.unblock(G1, "user", ALICE) and not await s.unblock(G1, "user", ALICE)
+        assert await s.usage(G1) is None
+        await s.add_usage(G1, messages=1, characters=11, sentences=2, cache_hits=1)
+        await s.add_usage(G1, messages=1, characters=4, sentences=1)
+        usage = await s.usage(G1)
+        assert usage is not None and {k: usage[k] for k in ("messages", "characters", "sentences", "cache_hits")} == {
+            "messages": 2, "characters": 15, "sentences": 3, "cache_hits": 1}
+        texts = [r[0] for r in await s._read("SELECT sql FROM sqlite_master WHERE name = 'guild_usage'")]
+        assert "TEXT" not in texts[0]  # counters only: no column could hold message text

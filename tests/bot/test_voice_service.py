@@ -169,6 +169,23 @@ async def test_share_delete_and_forget_me_remove_every_row_file_and_entry(opened
     assert await store.voice_journal() == []
 
 
+@pytest.mark.parametrize("forget", ["forget-me", "delete"])
+async def test_no_byte_of_the_voice_id_stays_in_the_bots_database_while_it_runs(opened, tmp_path: Path,
+                                                                                forget: str) -> None:
+    """Issue 35: right after /forget-me the voice's id stayed readable in the bot's database files (its journal
+    line's delete was never checkpointed) while the bot ran."""
+    store, cache, voices, service = opened
+    voice = (await make_voice(service)).voice
+    await service.share(voice, G1, ALICE)
+    if forget == "forget-me":
+        await service.forget_user(ALICE)
+    else:
+        await service.delete(voice.id)
+    assert store._conn is not None  # the bot still runs: its connection is open
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("voicebot.sqlite3*"))
+    assert raw and voice.id.encode() not in raw
+
+
 # ---- a crash between any two steps -------------------------------------------------------------------------------
 
 CHILD = """

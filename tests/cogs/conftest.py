@@ -10,6 +10,7 @@ The synthesizer and the speech service are fakes (allowed for tests of the Disco
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import itertools
 import json
@@ -26,7 +27,7 @@ import discord
 from bot.config import config_from_dict
 from engines.base import SAMPLE_RATE
 from synthesis import VoiceNotFound
-from synthesis.types import AudioChunk, Voice
+from synthesis.types import AudioChunk, Voice, VoiceStyle
 from tests.fake_voices import FakeVoices
 
 APP_ID = 100000000000000900
@@ -166,6 +167,7 @@ class FakeVoicing:
         self.created: list[dict[str, Any]] = []
         self.deleted: list[str] = []
         self.precomputed: list[tuple[str, tuple[str, ...]]] = []
+        self.changed: list[tuple[Any, ...]] = []  # add_clips / add_style / remove_style calls
         self.fail_with: Exception | None = None
         # set: the clip's speech was partly left out (the line the real voicing gives), so no transcript is stored
         self.kept: str | None = None
@@ -183,6 +185,22 @@ class FakeVoicing:
         text = "" if self.kept else (transcript or enrollment_prompt or "").strip()
         voice = self.voices.add(name, owner_id, voice_id, prompt_text=text)
         return voice, [*([self.kept] if self.kept else []), "the clip is a little quiet"]
+
+    async def add_clips(self, voice, uploads):
+        self.changed.append(("add_clips", voice.id, [(data, name) for data, name in uploads]))
+        clips = 1 if voice.clip_ges is None else voice.clip_ges.shape[0]
+        ges = np.zeros((clips + len(uploads), *voice.prompt.ge.shape), np.float32)
+        return self.voices._put(dataclasses.replace(voice, version=voice.version + 1, clip_ges=ges)), []
+
+    async def add_style(self, voice, style, data, filename, *, transcript="", language="auto"):
+        self.changed.append(("add_style", voice.id, style, data, transcript, language))
+        styles = {**voice.styles, style.casefold(): VoiceStyle(style, language, transcript, voice.prompt)}
+        return self.voices._put(dataclasses.replace(voice, version=voice.version + 1, styles=styles)), []
+
+    async def remove_style(self, voice, style):
+        self.changed.append(("remove_style", voice.id, style))
+        styles = {k: v for k, v in voice.styles.items() if k != style.casefold()}
+        return self.voices._put(dataclasses.replace(voice, version=voice.version + 1, styles=styles))
 
     async def delete(self, voice_id: str) -> None:
         if self.voices.by_id.pop(voice_id, None) is None:
@@ -428,6 +446,7 @@ class FakeSpeech:
     def __init__(self, synthesizer: FakeSynthesizer, store) -> None:
         self.synthesizer, self.store = synthesizer, store
         self.calls: list[tuple] = []
+        self.styles: list[str] = []  # the style of each say call
         self.speakers: dict[int, FakeSpeaker] = {}
         self.streams: list[list[str]] = []  # pieces received by each say_stream, as consumed
         self.consumers: list[asyncio.Task] = []
@@ -457,9 +476,10 @@ class FakeSpeech:
         self.calls.append(("clear", guild_id))
         return 3
 
-    async def say(self, guild, member, text, *, source="slash", attachments=(), mentions=(), voice=None):
+    async def say(self, guild, member, text, *, source="slash", attachments=(), mentions=(), voice=None, style=""):
         self.calls.append(("say", member.id, text, source, tuple(a.filename for a in attachments),
                            voice.id if voice else None))
+        self.styles.append(style)
         if self.raise_on_say is not None:
             raise self.raise_on_say
         return SimpleNamespace(ahead=len([c for c in self.calls if c[0] == "say"]) - 1, voice=voice, text=text)

@@ -21,9 +21,10 @@ from tests.cogs.conftest import APP_ID, BOT_ID, FakeSpeech, FakeSynthesizer
 
 EXPECTED_COMMANDS = {
     "join", "leave", "say", "skip", "clear", "Speak with my voice", "voice", "forget-me", "settings", "set", "phrases",
-    "ask", "pronounce",
+    "ask", "pronounce", "block", "stats", "help",
 }
-EXPECTED_VOICE_SUBCOMMANDS = {"enroll", "clone", "use", "preview", "list", "share", "unshare", "delete"}
+EXPECTED_VOICE_SUBCOMMANDS = {"enroll", "clone", "add-clip", "style", "use", "preview", "list", "share", "unshare",
+                              "delete"}
 
 
 def _json(data) -> web.Response:
@@ -101,8 +102,9 @@ async def test_login_trusts_the_ca_and_syncs_every_command(rest, tmp_path, resto
         assert discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY == yarl.URL("ws://127.0.0.1:9/gateway")
         assert rest.seen["auth"] == "Bot secret-token"
         assert bot.extensions_failed == {}
-        assert sorted(bot.extensions_loaded) == ["cogs.chat", "cogs.phrases", "cogs.pronounce", "cogs.settings",
-                                                "cogs.speech", "cogs.voices"]
+        assert sorted(bot.extensions_loaded) == ["cogs.blocks", "cogs.chat", "cogs.help", "cogs.phrases",
+                                                "cogs.pronounce", "cogs.settings", "cogs.speech", "cogs.stats",
+                                                "cogs.voices"]
         synced = {c["name"]: c for c in rest.seen["commands"]}
         assert set(synced) == EXPECTED_COMMANDS
         assert {o["name"] for o in synced["voice"]["options"]} == EXPECTED_VOICE_SUBCOMMANDS

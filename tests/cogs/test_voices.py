@@ -296,3 +296,51 @@ async def test_a_name_the_store_refuses_is_refused_before_consent(harness, name)
     assert ephemeral and "is not allowed" in text and "name option" in text
     assert "I confirm" not in text  # no consent question was asked
     assert h.downloads == [] and h.services.synthesizer.created == []
+
+
+async def _consented(h, qualified: str, user=ALICE, **options):
+    token, task = h.start_slash(qualified, user, **options)
+    await h.wait_for(lambda: token in h.adapter.original or task.done())
+    assert h.downloads == []  # nothing before the click
+    await h.click(token, CONSENT, user)
+    await asyncio.wait_for(task, 3)
+    return token
+
+
+async def test_add_clip_asks_consent_and_averages_the_clip_in(harness):
+    h = harness
+    own = h.services.synthesizer.voices.add("alto", ALICE)
+    clip = h.attachment("second.ogg", OGG, "audio/ogg")
+    token = await _consented(h, "voice add-clip", name=own.id, clip=clip)
+    assert h.downloads == [clip["url"]]
+    assert h.services.synthesizer.voicing.changed == [("add_clips", own.id, [(OGG, "second.ogg")])]
+    assert h.adapter.original_content(token) == "**alto** now speaks with the timbre of its 2 clips."
+    # someone else's voice: refused before consent or download
+    bobs = h.services.synthesizer.voices.add("bobby", BOB)
+    await h.services.store.share_voice(bobs.id, GUILD_ID, BOB)
+    token = await h.slash("voice add-clip", ALICE, name=bobs.id, clip=h.attachment("x.ogg", OGG, "audio/ogg"))
+    assert h.downloads == [clip["url"]] and "no voice called 'v002' of yours" in last_reply(h, token)[0]
+
+
+async def test_styles_are_added_offered_to_say_and_removed(harness):
+    h = harness
+    own = h.services.synthesizer.voices.add("alto", ALICE)
+    await h.services.store.set_user_setting(ALICE, "voice", own.id)
+    token = await _consented(h, "voice style add", name=own.id, style="calm",
+                             clip=h.attachment("calm.ogg", OGG, "audio/ogg"), transcript="I am calm.", language="en")
+    assert h.services.synthesizer.voicing.changed == [("add_style", own.id, "calm", OGG, "I am calm.", "en")]
+    assert "**alto** has the style **calm**: use it with `/say style:calm`." in h.adapter.original_content(token)
+    assert await h.autocomplete("say", "style", ALICE, text="hi", style="") == [{"name": "calm", "value": "calm"}]
+    assert await h.autocomplete("say", "style", ALICE, text="hi", style="exc") == []
+    assert await h.autocomplete("voice style remove", "style", ALICE, name=own.id, style="") == [
+        {"name": "calm", "value": "calm"}]
+    await h.slash("say", ALICE, text="Hello there", style="calm")
+    assert h.services.speech.styles[-1] == "calm"
+    token = await h.slash("voice list", ALICE)
+    assert "styles: calm" in last_reply(h, token)[0]
+    token = await h.slash("voice style add", ALICE, name=own.id, style="no/slash",
+                          clip=h.attachment("x.ogg", OGG, "audio/ogg"))
+    assert "Style name 'no/slash' is not allowed" in last_reply(h, token)[0] and len(h.downloads) == 1
+    token = await h.slash("voice style remove", ALICE, name=own.id, style="calm")
+    assert last_reply(h, token)[0] == "**alto** no longer has the style **calm**."
+    assert await h.autocomplete("say", "style", ALICE, text="hi", style="") == []

@@ -44,7 +44,7 @@ READY_TIMEOUT_S = 10.0  # login + READY + command sync; generous for a loaded 2-
 GUILD_READY_TIMEOUT_S = 0.05  # the stand-in sends every GUILD_CREATE right after READY
 HOLD_TIMEOUT_S = 15.0  # longest a held stream waits for its condition (then ``held`` is False and the test fails)
 COMMANDS = ("join", "leave", "say", "skip", "clear", "Speak with my voice", "voice", "forget-me", "settings", "set",
-            "phrases", "ask", "pronounce")
+            "phrases", "ask", "pronounce", "block", "stats", "help")
 WARMUP_TEXT = "Warm up the text front end. And the models as well."
 
 

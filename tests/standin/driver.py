@@ -15,7 +15,7 @@ from .base import (
     ATTACHMENT_SIZE_LIMIT, OPTION_SUBCOMMAND, OPTION_GROUP, OPTION_USER, OPTION_CHANNEL, OPTION_ROLE,
     OPTION_MENTIONABLE, OPTION_ATTACHMENT, OPTION_CASTS, StandinError, without_user, has_component,
 )
-from .model import Guild, Interaction, VoiceState
+from .model import GUILD_STAGE_VOICE, Channel, Guild, Interaction, VoiceState
 
 log = logging.getLogger(__name__)
 
@@ -257,8 +257,31 @@ class Driver:
         else:
             state = guild.voice_states.get(user_id) or VoiceState(user_id, channel_id)
             state.channel_id = channel_id
+            state.suppress = self.channels[channel_id].type == GUILD_STAGE_VOICE  # a Stage is joined as audience
             guild.voice_states[user_id] = state
         await self._dispatch("VOICE_STATE_UPDATE", state.payload(guild))
+
+    async def add_stage_channel(self, guild_id: int, name: str = "Stage") -> int:
+        """A Stage channel is created: CHANNEL_CREATE; returns its id."""
+        guild = self.guilds[guild_id]
+        channel = Channel(self._snowflake(), guild_id, name, GUILD_STAGE_VOICE, len(guild.channels))
+        guild.channels[channel.id] = channel
+        self.channels[channel.id] = channel
+        await self._dispatch("CHANNEL_CREATE", channel.payload())
+        return channel.id
+
+    async def set_stage_speaker(self, user_id: int, guild_id: int, speaker: bool = True) -> None:
+        """A Stage moderator invites a member to speak (or moves them back to the audience): VOICE_STATE_UPDATE."""
+        guild = self.guilds[guild_id]
+        state = guild.voice_states[user_id]
+        state.suppress = not speaker
+        await self._dispatch("VOICE_STATE_UPDATE", state.payload(guild))
+
+    async def set_member_overwrite(self, channel_id: int, user_id: int, *, allow: int = 0, deny: int = 0) -> None:
+        """A channel's permission overwrite for one member (the bot, say) changes: CHANNEL_UPDATE."""
+        channel = self.channels[channel_id]
+        channel.member_overwrites[user_id] = (allow, deny)
+        await self._dispatch("CHANNEL_UPDATE", channel.payload())
 
     async def delete_channel(self, channel_id: int) -> None:
         """A channel is deleted: everyone in it (the bot included) is dropped from voice, then CHANNEL_DELETE."""

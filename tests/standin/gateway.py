@@ -11,8 +11,13 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from .base import GATEWAY_HEARTBEAT_MS, INTENT_MESSAGE_CONTENT, INTENTS_ALL, EVENT_INTENTS, StandinError
-from .model import VoiceState
+from .base import (
+    APP_FLAG_GATEWAY_GUILD_MEMBERS, APP_FLAG_GATEWAY_GUILD_MEMBERS_LIMITED, APP_FLAG_GATEWAY_MESSAGE_CONTENT,
+    APP_FLAG_GATEWAY_MESSAGE_CONTENT_LIMITED, APP_FLAG_GATEWAY_PRESENCE, APP_FLAG_GATEWAY_PRESENCE_LIMITED,
+    CLOSE_DISALLOWED_INTENTS, EVENT_INTENTS, GATEWAY_HEARTBEAT_MS, INTENT_GUILD_MEMBERS, INTENT_GUILD_PRESENCES,
+    INTENT_MESSAGE_CONTENT, INTENTS_ALL, INTENTS_PRIVILEGED, StandinError,
+)
+from .model import GUILD_STAGE_VOICE, VoiceState
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,9 @@ class Gateway:
             if data.get("token") != self.token:
                 await ws.close(code=4004, message=b"Authentication failed.")
                 return
+            if self._disallowed_intents(int(data.get("intents", 0))):
+                await ws.close(code=CLOSE_DISALLOWED_INTENTS, message=b"Disallowed intent(s).")
+                return
             self.identify_payload = data
             self._gateway, self._seq = ws, 0
             self._session_id = secrets.token_hex(16)
@@ -55,7 +63,7 @@ class Gateway:
                 "v": 10, "user": {**self.bot_user.payload(), "verified": True, "mfa_enabled": False, "flags": 0},
                 "guilds": [{"id": str(g), "unavailable": True} for g in self.guilds],
                 "session_id": self._session_id, "resume_gateway_url": self.gateway_url,
-                "shard": [0, 1], "application": {"id": str(self.application_id), "flags": 0},
+                "shard": [0, 1], "application": {"id": str(self.application_id), "flags": self.application_flags},
                 "private_channels": [], "relationships": [], "presences": [], "user_settings": {},
                 "geo_ordered_rtc_regions": ["local"], "guild_join_requests": [],
             })
@@ -80,6 +88,17 @@ class Gateway:
                      "chunk_index": 0, "chunk_count": 1, "not_found": [], "nonce": data.get("nonce")}
             await self._dispatch("GUILD_MEMBERS_CHUNK", chunk)
         self._touch()
+
+    def _disallowed_intents(self, intents: int) -> int:
+        """The privileged intents asked for that the application's flags do not switch on (Discord closes 4014)."""
+        allowed = 0
+        for intent, flags in ((INTENT_GUILD_MEMBERS, APP_FLAG_GATEWAY_GUILD_MEMBERS | APP_FLAG_GATEWAY_GUILD_MEMBERS_LIMITED),
+                              (INTENT_GUILD_PRESENCES, APP_FLAG_GATEWAY_PRESENCE | APP_FLAG_GATEWAY_PRESENCE_LIMITED),
+                              (INTENT_MESSAGE_CONTENT,
+                               APP_FLAG_GATEWAY_MESSAGE_CONTENT | APP_FLAG_GATEWAY_MESSAGE_CONTENT_LIMITED)):
+            if self.application_flags & flags:
+                allowed |= intent
+        return intents & INTENTS_PRIVILEGED & ~allowed
 
     async def _dispatch(self, event: str, data: Any) -> None:
         """Send one dispatch (op 0) to the connected bot, filtered by the intents it identified with."""
@@ -123,7 +142,8 @@ class Gateway:
         previous = guild.voice_states.get(bot_id)
         rejoin = previous is not None and previous.channel_id == int(channel_id)
         state = VoiceState(bot_id, int(channel_id), self._session_id, bool(data.get("self_mute")),
-                           bool(data.get("self_deaf")))
+                           bool(data.get("self_deaf")),
+                           suppress=guild.channels[int(channel_id)].type == GUILD_STAGE_VOICE)  # a Stage: audience
         guild.voice_states[bot_id] = state
         token = secrets.token_hex(8)
         self._voice_tokens[guild_id] = token

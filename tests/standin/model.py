@@ -6,6 +6,7 @@ Everything here is plain data that renders itself as the JSON payloads Discord's
 
 from __future__ import annotations
 
+import base64
 import datetime
 import itertools
 import re
@@ -23,6 +24,7 @@ SEND_MESSAGES = 1 << 11
 EMBED_LINKS = 1 << 14
 ATTACH_FILES = 1 << 15
 READ_MESSAGE_HISTORY = 1 << 16
+MUTE_MEMBERS = 1 << 22  # with it a member may make themselves a Stage speaker (a Stage moderator)
 CONNECT = 1 << 20
 SPEAK = 1 << 21
 USE_VAD = 1 << 25
@@ -36,6 +38,7 @@ EVERYONE_PERMISSIONS = (
 # Channel types
 GUILD_TEXT = 0
 GUILD_VOICE = 2
+GUILD_STAGE_VOICE = 13
 
 # Message flags
 EPHEMERAL = 1 << 6
@@ -58,6 +61,14 @@ class SnowflakeFactory:
     def __call__(self) -> int:
         ms = int(time.time() * 1000) - DISCORD_EPOCH_MS
         return (ms << 22) | (next(self._counter) & 0x3FFFFF)
+
+
+def bot_token_for(user_id: int) -> str:
+    """A random token of a real bot token's shape: base64url(user id) . base64url(timestamp) . 27-char signature."""
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+    return f"{b64(str(user_id).encode())}.{b64(int(time.time()).to_bytes(4, 'big'))[:6]}.{secrets.token_urlsafe(20)[:27]}"
 
 
 @dataclass
@@ -109,6 +120,8 @@ class Channel:
     name: str
     type: int = GUILD_TEXT
     position: int = 0
+    # member overwrites: user id -> (allow, deny) permission bits, as the channel's permission_overwrites send them
+    member_overwrites: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def payload(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -117,14 +130,15 @@ class Channel:
             "guild_id": str(self.guild_id),
             "name": self.name,
             "position": self.position,
-            "permission_overwrites": [],
+            "permission_overwrites": [{"id": str(uid), "type": 1, "allow": str(allow), "deny": str(deny)}
+                                      for uid, (allow, deny) in self.member_overwrites.items()],
             "nsfw": False,
             "parent_id": None,
             "last_message_id": None,
             "rate_limit_per_user": 0,
             "flags": 0,
         }
-        if self.type == GUILD_VOICE:
+        if self.type in (GUILD_VOICE, GUILD_STAGE_VOICE):
             data.update(bitrate=64000, user_limit=0, rtc_region=None, video_quality_mode=1)
         else:
             data["topic"] = None
@@ -161,6 +175,7 @@ class VoiceState:
     session_id: str = field(default_factory=lambda: secrets.token_hex(16))
     self_mute: bool = False
     self_deaf: bool = False
+    suppress: bool = False  # in a Stage channel: in the audience (everyone joins a Stage suppressed)
 
     def payload(self, guild: Guild | None = None) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -172,7 +187,7 @@ class VoiceState:
             "self_deaf": self.self_deaf,
             "self_mute": self.self_mute,
             "self_video": False,
-            "suppress": False,
+            "suppress": self.suppress,
             "request_to_speak_timestamp": None,
         }
         if guild is not None:

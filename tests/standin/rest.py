@@ -14,7 +14,8 @@ from aiohttp import web
 
 from .base import JSON_HEADERS, HttpError, RecordedRequest, read_body, without_user
 from .model import (
-    EPHEMERAL, LOADING, Channel, Guild, Interaction, Reply, StoredFile, User, mentioned_ids, now_iso,
+    EPHEMERAL, GUILD_STAGE_VOICE, LOADING, MUTE_MEMBERS, Channel, Guild, Interaction, Reply, StoredFile, User,
+    mentioned_ids, now_iso,
 )
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class RestApi:
             ("GET", r"/guilds/(?P<gid>\d+)", self._get_guild),
             ("GET", r"/guilds/(?P<gid>\d+)/channels", self._get_guild_channels),
             ("GET", r"/guilds/(?P<gid>\d+)/members/(?P<uid>\d+)", self._get_member),
+            ("PATCH", r"/guilds/(?P<gid>\d+)/voice-states/@me", self._edit_my_voice_state),
         ]
         return [(m, re.compile(p), h) for m, p, h in table]
 
@@ -105,7 +107,7 @@ class RestApi:
         return 200, {
             "id": str(self.application_id), "name": self.bot_user.username, "icon": None, "description": "",
             "bot_public": True, "bot_require_code_grant": False, "owner": owner.payload(), "team": None,
-            "verify_key": "00" * 32, "flags": 0, "summary": "", "rpc_origins": [], "tags": [],
+            "verify_key": "00" * 32, "flags": self.application_flags, "summary": "", "rpc_origins": [], "tags": [],
             "bot": self.bot_user.payload(), "approximate_guild_count": len(self.guilds),
         }
 
@@ -146,6 +148,22 @@ class RestApi:
 
     async def _get_channel(self, request: web.Request, body: Any, files: list[StoredFile], cid: str) -> tuple[int, Any]:
         return 200, self._channel(int(cid)).payload()
+
+    async def _edit_my_voice_state(self, request: web.Request, body: Any, files: list[StoredFile],
+                                   gid: str) -> tuple[int, Any]:
+        """The bot becomes a Stage speaker (``suppress: false``; needs Mute Members there) or goes back to the
+        audience: VOICE_STATE_UPDATE."""
+        guild = self.guilds[int(gid)]
+        state = guild.voice_states.get(self.bot_user.id)
+        if state is None or state.channel_id is None or self.channels[state.channel_id].type != GUILD_STAGE_VOICE:
+            raise HttpError(400, 50024, "Cannot execute action on this channel type")
+        suppress = bool((body or {}).get("suppress", state.suppress))
+        allow, deny = self.channels[state.channel_id].member_overwrites.get(self.bot_user.id, (0, 0))
+        if not suppress and not (guild.permissions_of(self.bot_user.id) & ~deny | allow) & MUTE_MEMBERS:
+            raise HttpError(403, 50013, "Missing Permissions")
+        state.suppress = suppress
+        await self._dispatch("VOICE_STATE_UPDATE", state.payload(guild))
+        return 204, None
 
     async def _get_guild(self, request: web.Request, body: Any, files: list[StoredFile], gid: str) -> tuple[int, Any]:
         guild = self.guilds.get(int(gid))

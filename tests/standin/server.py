@@ -26,13 +26,13 @@ from typing import Any
 import trustme
 from aiohttp import web
 
-from .base import API_PREFIX, INTERACTION_ACK_WINDOW_S, StandinError, RecordedRequest, GuildLayout, VoiceConnection
+from .base import APP_FLAG_GATEWAY_MESSAGE_CONTENT_LIMITED, API_PREFIX, INTERACTION_ACK_WINDOW_S, StandinError, RecordedRequest, GuildLayout, VoiceConnection
 from .dave import DaveGroup
 from .driver import Driver
 from .gateway import Gateway
 from .model import (
     ADMINISTRATOR, EVERYONE_PERMISSIONS, GUILD_TEXT, GUILD_VOICE, Channel, Guild, Interaction, Member, Reply, Role,
-    SnowflakeFactory, StoredFile, User, VoiceState,
+    SnowflakeFactory, StoredFile, User, VoiceState, bot_token_for,
 )
 from .rest import RestApi
 from .voice_udp import VoiceRecording, VoiceUdpEndpoint
@@ -58,14 +58,17 @@ class Standin(Driver, RestApi, Gateway, VoiceGateway):
     ``ssl_context_for_clients()``.
     """
 
-    def __init__(self, *, guilds: int = 1, token: str = "standin-bot-token", dave: bool = False) -> None:
-        self.token = token
+    def __init__(self, *, guilds: int = 1, token: str | None = None, dave: bool = False,
+                 application_flags: int = APP_FLAG_GATEWAY_MESSAGE_CONTENT_LIMITED) -> None:
         self.dave = dave
+        # GET /applications/@me ``flags``; without a Message Content bit, an IDENTIFY asking for it is closed (4014)
+        self.application_flags = application_flags
         self.dave_groups: dict[int, DaveGroup] = {}  # per guild: the group of the channel the bot is in
         self.interaction_ack_window_s = INTERACTION_ACK_WINDOW_S  # tests may shorten it to check a late answer
         self._snowflake = SnowflakeFactory()
         self.application_id = self._snowflake()
         self.bot_user = User(self._snowflake(), "voicebot", bot=True)
+        self.token = token if token is not None else bot_token_for(self.bot_user.id)
         self.users: dict[int, User] = {self.bot_user.id: self.bot_user}
         self.guilds: dict[int, Guild] = {}
         self.layouts: list[GuildLayout] = [self._build_guild(f"Guild {i + 1}") for i in range(guilds)]

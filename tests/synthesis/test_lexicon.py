@@ -57,10 +57,10 @@ def test_bad_entries_are_one_line_errors_naming_the_problem(kwargs, needle) -> N
 
 
 def test_a_word_of_one_megabyte_is_refused_in_one_short_line() -> None:
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # this thread's CPU seconds: what the refusal costs, whatever else the machine runs
     with pytest.raises(LexiconError) as e:
         make_entry("x" * 1_000_000, say="y")
-    assert time.perf_counter() - t0 < 0.5
+    assert time.thread_time() - t0 < 0.5
     message = str(e.value)
     assert "1000000 characters long; the limit is 64" in message and len(message) < 120
     with pytest.raises(LexiconError, match="the respelling is 1000000 characters long; the limit is 200"):

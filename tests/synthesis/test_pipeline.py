@@ -93,6 +93,26 @@ async def collect(synth, text, voice, params=SEEDED):
     return [c async for c in synth.stream(text, voice, params)]
 
 
+async def collect_together(synth, texts, voice, params=SEEDED):
+    """Each text's chunks, all requests admitted at once and none ended before every one has its first chunk.
+
+    A request's first chunk comes after its first sentence's windows were decided. Without the barrier, on a fast
+    machine one request could end (and leave the other alone) before the other's first window was due: the verdict
+    would depend on speed, not on the pipeline's rule.
+    """
+    first = [asyncio.Event() for _ in texts]
+
+    async def one(i, text):
+        chunks = []
+        async for c in synth.stream(text, voice, params):  # (admitted at this call, before any work starts)
+            chunks.append(c)
+            first[i].set()
+            await asyncio.gather(*(e.wait() for e in first))
+        return chunks
+
+    return await asyncio.gather(*(one(i, t) for i, t in enumerate(texts)))
+
+
 TWO_LONG = ("This first sentence is long enough to need many semantic tokens from the model.",
             "Another request speaks a sentence that is just as long, with many tokens of its own.")
 
@@ -248,7 +268,7 @@ async def test_first_words_come_early_only_while_no_other_request_speaks(synth, 
     alone = [await collect(synth, t, voice) for t in TWO_LONG]
     assert all(chunks[0].timings.get("partial") == 1.0 for chunks in alone)
     synth.cache.invalidate_voice(voice.id)
-    together = await asyncio.gather(*(collect(synth, t, voice) for t in TWO_LONG))
+    together = await collect_together(synth, TWO_LONG, voice)
     assert all(c.timings.get("partial") is None for chunks in together for c in chunks)
     for a, b in zip(alone, together):
         partials = sum(1 for c in a if c.timings.get("partial"))
@@ -256,17 +276,25 @@ async def test_first_words_come_early_only_while_no_other_request_speaks(synth, 
         assert np.array_equal(np.concatenate([c.audio for c in a]), np.concatenate([c.audio for c in b]))
 
 
-async def test_without_a_seed_no_window_is_decoded_beside_another_request(spied, voice):
+async def test_without_a_seed_no_window_is_decoded_beside_another_request(spied, voice, monkeypatch):
     """Without a seed (random samples anyway), a first sentence beside another request that has not started is
     decoded once, whole: its windows would be held back, and decoding them cost the device."""
+    import synthesis.stages
+
+    # The request stays unseeded (``seed=-1``: the pipeline's rule), but its sample is drawn from a fixed sentence
+    # seed: a random draw could end the sentence before its first window's 12 tokens, and then no window is due.
+    seeded = synthesis.stages.sentence_seed
+    monkeypatch.setattr(synthesis.stages, "sentence_seed", lambda seed, text: seeded(1234, text))
     synth = spied
     synth.limits = dataclasses.replace(synth.limits, first_chunk_tokens=12)
     unseeded = dataclasses.replace(SEEDED, seed=-1)
+    synth.engine.events.clear()
     alone = await collect(synth, TWO_LONG[0], voice, unseeded)
     assert alone[0].timings.get("partial") == 1.0
+    assert synth.engine.events.count("decode") >= 2  # alone: its windows were decoded, then the rest
     synth.cache.invalidate_voice(voice.id)  # (a random sample is stored and would be served again)
     synth.engine.events.clear()
-    together = await asyncio.gather(*(collect(synth, t, voice, unseeded) for t in TWO_LONG))
+    together = await collect_together(synth, TWO_LONG, voice, unseeded)
     assert all(c.timings.get("partial") is None for chunks in together for c in chunks)
     sentences = sum(len({c.index for c in chunks}) for chunks in together)
     assert synth.engine.events.count("decode") == sentences  # each sentence decoded once: no window

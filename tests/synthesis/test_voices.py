@@ -512,9 +512,15 @@ def test_a_delete_killed_at_any_step_is_whole_or_finished(tmp_path: Path, step: 
     _killed_at(root, "delete", step, v.id)
     store = VoiceStore(root)
     assert [x.id for x in store.list()] == ([v.id] if kept else [])
-    assert files_under(root) == ([v.id, f"{v.id}/clip.flac", f"{v.id}/prompt.npz"] if kept else [])
+    # opened without its cache, the store keeps an empty trash folder as the mark of the entries it could not
+    # remove (tests/synthesis/test_killed_deletes.py): no byte of the voice; the first store with the cache ends it
+    marks = [p for p in files_under(root) if p.startswith(voices_mod.TRASH_PREFIX)]
+    assert files_under(root) == ([v.id, f"{v.id}/clip.flac", f"{v.id}/prompt.npz"] if kept else marks)
+    assert len(marks) == (0 if kept else 1)
     if not kept:
         assert v.id.encode() not in db_bytes(root) and CONSENT.text.encode() not in db_bytes(root)
+        VoiceStore(root, cache=SynthesisCache(tmp_path / "cache", 1 << 20, 1 << 20)).close()
+        assert files_under(root) == []
 
 
 def test_a_database_of_a_newer_program_is_refused_with_the_fix(tmp_path: Path) -> None:
