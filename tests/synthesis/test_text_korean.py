@@ -8,17 +8,14 @@ reading table below reads those cases right on purpose.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from synthesis.text import frontend
-from synthesis.text import TextError, korean, text_to_phonemes
+from synthesis.text import korean, text_to_phonemes
 from synthesis.text.frontend import bert_features, speakable_languages
 from synthesis.text.symbols import symbol_ids
 from tests.golden_text import load_language
@@ -89,26 +86,6 @@ def test_bert_features_stay_zero_for_korean() -> None:
     assert [p.lang for p in ph.pieces] == ["ko"] and ph.pieces[0].word2ph is None
     assert not bert_features(ph, lambda n, w: np.ones((1024, sum(w)), np.float32)).any()
     assert {"ko", "all_ko"} <= set(speakable_languages())  # still found once g2pk2's modules are loaded
-
-
-def test_missing_package_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = importlib.util.find_spec
-
-    def find_spec(name: str, package: str | None = None) -> ModuleSpec | None:
-        return None if name == "g2pk2" else real(name, package)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    korean._g2pk.cache_clear()  # pyright: ignore[reportPrivateUsage]
-    frontend._missing.cache_clear()  # pyright: ignore[reportPrivateUsage]  # (looked up once per process)
-    try:
-        with pytest.raises(TextError, match=r"g2pk2==0\.0\.3") as info:
-            text_to_phonemes("안녕하세요", "ko")
-        assert "\n" not in str(info.value)
-        assert "ko" not in speakable_languages() and "all_ko" not in speakable_languages()
-        assert "auto" in speakable_languages()  # Korean pieces in auto need Korean; the mode itself does not
-    finally:
-        korean._g2pk.cache_clear()  # pyright: ignore[reportPrivateUsage]
-        frontend._missing.cache_clear()  # pyright: ignore[reportPrivateUsage]
 
 
 def test_loads_lazily_and_never_imports_the_downloading_module() -> None:

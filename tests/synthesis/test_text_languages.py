@@ -10,7 +10,8 @@ import pytest
 
 from synthesis import LANGUAGES, SpeechError, SynthesisParams
 from synthesis.text import TextError, check_speakable, speakable_languages
-from synthesis.text.frontend import _missing  # pyright: ignore[reportPrivateUsage]
+from synthesis.text import cantonese, korean, text_to_phonemes
+from synthesis.text.packages import missing as _missing
 
 _HIDDEN = {"mecab", "ToJyutping"}  # MeCab-ko (Korean) and ToJyutping (Cantonese) as if not installed
 
@@ -59,3 +60,26 @@ def test_http_requests_for_an_unreadable_language_are_a_400(without_korean_and_c
         make_params(SynthesisParams(), language="yue")
     assert e.value.status == 400 and "ToJyutping" in str(e.value)
     assert make_params(SynthesisParams(), language="zh").language == "zh"
+
+
+@pytest.mark.parametrize(("hidden", "text", "lang", "pin", "gone", "kept"), [
+    ("g2pk2", "안녕하세요", "ko", r"g2pk2==0\.0\.3", {"ko", "all_ko"}, {"auto", "zh"}),
+    ("ToJyutping", "你好呀", "yue", r"ToJyutping==3\.2\.0", {"yue", "all_yue", "auto_yue"}, {"auto", "zh"}),
+])
+def test_a_missing_package_is_one_line_naming_its_pin(monkeypatch: pytest.MonkeyPatch, hidden: str, text: str,
+                                                      lang: str, pin: str, gone: set[str], kept: set[str]) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **kw: None if name == hidden else real(name, *a, **kw))
+    loaders = (korean._g2pk, cantonese._jyutping)  # pyright: ignore[reportPrivateUsage]
+    for cached in (*loaders, _missing):
+        cached.cache_clear()
+    try:
+        with pytest.raises(TextError, match=pin) as info:
+            text_to_phonemes(text, lang)
+        assert "\n" not in str(info.value)
+        speakable = set(speakable_languages())
+        assert not gone & speakable and kept <= speakable  # a Korean piece in auto needs Korean; the mode does not
+    finally:
+        for cached in (*loaders, _missing):
+            cached.cache_clear()
