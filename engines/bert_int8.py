@@ -2,26 +2,26 @@
 on the loaded models before it replaces the fp32 one.
 
 Why: the BERT (chinese-roberta-wwm-ext-large, 22 of its 24 layers used, 277 M weights in its linears) runs once per
-Chinese sentence before its GPT, so its time adds to the first audio and to every Chinese sentence. Real size, fp32
-on 2 threads (AVX2 kernels on a 2-core AMD EPYC Zen 4, random weights): 112 / 144 / 182 ms for sentences of 7 / 19 /
-31 characters; its linears in dynamic int8 (:func:`~engines.gpt_sovits.dynamic_int8`: int8 weights per output
-channel, activations rounded per call to uint8, fbgemm's kernels): 26 / 45 / 66 ms.
+Chinese sentence before its GPT, so its time adds to the first audio and to every Chinese sentence. Its linears in
+dynamic int8 (:func:`~engines.gpt_sovits.dynamic_int8`: int8 weights per output channel, activations rounded per call
+to uint8, fbgemm's kernels) take a quarter to a third of fp32's time on a 2-core CPU (see
+FINDINGS.md#chinese-bert-int8-proof).
 
 The proof, per model pair: the fp32 GPT of the loaded checkpoint (reference-free) reads :data:`PROOF_TEXTS` with the
 fp32 BERT's features and then with the int8 one's, at its first token and :data:`PROOF_STEPS` steps along its own
 greedy path (teacher-forced), and the int8 features may move no logit by more than :data:`MAX_LOGIT_ERROR`, the
-bound the int8 GPT itself is held to against upstream. Random weights at the real size: 0.131 (features 5 % from
-fp32's, cosine 0.9985 per phone or closer); a trained BERT's activations may have outliers that rounding per call
-handles worse, which is why the proof runs on the loaded model; a model that misses the bound tries the BERT with
-its feed-forward down projections in fp32 (:data:`CANDIDATES`), then keeps the fp32 BERT. Quantising the BERT and the
+bound the int8 GPT itself is held to against upstream. Random weights at the real size pass it narrowly; a trained
+BERT's activations may have outliers that rounding per call handles worse, which is why the proof runs on the loaded
+model; a model that misses the bound tries the BERT with its feed-forward down projections in fp32
+(:data:`CANDIDATES`), then keeps the fp32 BERT. Quantising the BERT and the
 proof take about 7 s of one core a candidate (real size), in the background after the fp32 BERT loaded
 (:class:`~engines.encoders.LazyEncoders`), which serves until then.
 
 The outcome is kept (:func:`keep_proof`, the onnx engine keeps it in its export folder of the model pair): the int8
 BERT's weights and the measured error, or that the fp32 BERT stays. A later start loads the kept int8 BERT directly
 (:func:`kept_proof`): no fp32 BERT is read and no proof runs again, until the BERT's files, torch's version or the
-bound change. Real size: the first Chinese sentence after a restart then costs the process 0.4 GB instead of a 2.3 GB
-peak for the fp32 load and 1.3 GB more during the proof.
+bound change, so a restart never peaks with the fp32 BERT and the proof beside it (see
+FINDINGS.md#chinese-bert-int8-proof).
 """
 
 from __future__ import annotations
@@ -66,8 +66,7 @@ def _ffn_down(name: str) -> bool:
 
 
 # what is tried, in order, until one holds: every linear in int8; then all but the feed-forward down projections
-# (their inputs, after the GELU, round worst; random real size: error 0.131 -> 0.100 at 73 ms instead of 56 for 19
-# characters; fp32 144 ms)
+# (their inputs, after the GELU, round worst: see FINDINGS.md#chinese-bert-int8-proof)
 CANDIDATES: tuple[tuple[str, Callable[[str], bool] | None], ...] = (
     ("every linear", None), ("all but the feed-forward down projections", _ffn_down))
 

@@ -80,8 +80,8 @@ def release_freed_memory() -> int:
     (glibc's ``malloc_trim``); returns the bytes the process's resident set shrank by (0 where there is no glibc).
 
     Why: loading and converting models frees gigabytes in pieces that glibc keeps for reuse rather than returning,
-    and the process's resident memory stays at its high-water mark. Measured at the real size (2-core AMD EPYC Zen 4):
-    after the int8 BERT's proof a serving process held 6.1 GB, 2.9 GB of it live."""
+    and the process's resident memory stays at its high-water mark: after the int8 BERT's proof, more than half of a
+    serving process's resident memory was such freed heap (see FINDINGS.md#freed-heap)."""
     global _libc
     if _libc is None:
         name = ctypes.util.find_library("c")
@@ -119,12 +119,14 @@ class IdleUnloaded(Generic[T]):
     load: makes the model (may raise: nothing is kept then).
     name: for the log line.
     idle_s: unused this long, the model is dropped and the freed memory returned to the OS.
+    clock: seconds, monotonic (a test's clock decides idleness; the timer only says when to look).
     """
 
-    def __init__(self, load: Callable[[], T], name: str, idle_s: float = IDLE_UNLOAD_S) -> None:
-        self._load, self.name, self.idle_s = load, name, idle_s
+    def __init__(self, load: Callable[[], T], name: str, idle_s: float = IDLE_UNLOAD_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._load, self.name, self.idle_s, self._clock = load, name, idle_s, clock
         self._model: T | None = None
-        self._used = 0.0  # time.monotonic() of the last get()
+        self._used = 0.0  # clock() of the last get()
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
 
@@ -133,7 +135,7 @@ class IdleUnloaded(Generic[T]):
             if self._model is None:
                 self._model = self._load()
                 release_freed_memory()  # (loading's own buffers)
-            self._used = time.monotonic()
+            self._used = self._clock()
             if self._timer is None:
                 self._check_in(self.idle_s)
             return self._model
@@ -149,18 +151,21 @@ class IdleUnloaded(Generic[T]):
         def check() -> None:
             unloader = me()
             if unloader is not None:
-                unloader._unload_if_idle()  # pyright: ignore[reportPrivateUsage]
+                unloader.unload_if_idle()
 
         timer = self._timer = threading.Timer(delay_s, check)
         timer.name, timer.daemon = f"voicebot-idle-{self.name}", True
         timer.start()
 
-    def _unload_if_idle(self) -> None:
+    def unload_if_idle(self) -> None:
+        """Drop the model if it has been unused for ``idle_s``, else look again when it would be."""
         with self._lock:
-            self._timer = None
+            if self._timer is not None:
+                self._timer.cancel()  # (when called from outside the timer: one pending look at a time)
+                self._timer = None
             if self._model is None:
                 return
-            idle = time.monotonic() - self._used
+            idle = self._clock() - self._used
             if idle < self.idle_s:
                 self._check_in(self.idle_s - idle)
                 return

@@ -1,11 +1,9 @@
 """An int8 SoVITS vocoder for CPUs (the onnx engine; ``engine.vocoder_precision: auto`` with the int8 GPT), made once
 per model and proven on it.
 
-Why: the HiFi-GAN of a v2 SoVITS does about 42 GFLOP per second of audio (measured with hooks on every convolution at
-the real size: 40.7 in its resblocks and upsamplers, 1.6 elsewhere), so on a 2-core AVX2 CPU that multiplies fp32 at
-126-164 GFLOP/s at best (torch sgemm, measured on an AMD EPYC Zen 3) the fp32 vocoder cannot go below an RTF of
-about 0.26, and ONNX Runtime measures 0.34 there. int8 products run about twice as many operations per cycle on
-AVX2 (ONNX Runtime's u8 x s8 kernels): the same graph with its resblock convolutions in int8 measured RTF 0.18.
+Why: the HiFi-GAN of a v2 SoVITS does about 42 GFLOP per second of audio, so by its FLOPs the fp32 vocoder cannot go
+below an RTF of about 0.26 on a 2-core AVX2 CPU, while int8 products run about twice as many operations per cycle on
+AVX2 (ONNX Runtime's u8 x s8 kernels; see FINDINGS.md#vocoder-why-int8).
 
 What is quantised: only the Conv nodes of the decoder's residual blocks (90 % of the work), as QDQ pairs that ONNX
 Runtime fuses into int8 convolutions: weights symmetric int8 per output channel, activations uint8 per tensor with
@@ -124,8 +122,7 @@ def channels_last_blocks(model: ModelProto) -> int:
 
     Why: ONNX Runtime runs the int8 convolutions channels-last anyway and wraps each chain of them in Transposes,
     with a Dequantize/Quantize pair beside most (143 Transposes for 90 convolutions, 10 % of the vocoder's time).
-    Rewritten, the output is bit-identical and the vocoder 6-8 % faster (real size, 6 s of audio, AVX2 kernels on a
-    2-core AMD EPYC Zen 4, the two graphs alternated: 0.97 / 0.90 s against 1.03 / 0.98 s; Transposes 56 -> 16 ms).
+    Rewritten, the output is bit-identical and the vocoder 6-8 % faster (see FINDINGS.md#vocoder-why-int8).
     """
     from onnx import helper
 

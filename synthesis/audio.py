@@ -489,9 +489,9 @@ def reference_from_upload(data: bytes, filename: str = "", *, max_bytes: int, ma
     """:func:`decode_upload` then :func:`prepare_reference`, and the memory they used handed back to the system.
 
     A long upload is decoded into hundreds of MB of float arrays in a worker thread. Freed, that memory stays in
-    glibc's per-thread arena, so every worker thread that once decoded a long clip kept its peak (measured: four
-    concurrent 5-minute uploads left RSS 333 MB higher, for good; issue 16 saw 624 -> 1395 MB over its bad-upload
-    corpus). ``malloc_trim`` returns it once the arrays are gone, whether the upload was accepted or refused.
+    glibc's per-thread arena, so every worker thread that once decoded a long clip would keep its peak for good
+    (see FINDINGS.md#upload-memory). ``malloc_trim`` returns it once the arrays are gone, whether the upload was
+    accepted or refused.
     """
     try:
         dec = decode_upload(data, filename, max_bytes=max_bytes, max_seconds=max_seconds)

@@ -89,8 +89,7 @@ static void quantize_rows(const float *x, int B, int n, int16_t *xq, float *xsca
 #ifdef VB_AVX2
 /* acc[i] = dot(wr, xq[i]) * xscale[i] for nb (2-4, a constant where inlined) rows of x: each 16 weights are widened
  * to int16 once for all nb rows rather than once per row. Above one row the int8 step is bound by these
- * instructions, not by the memory: a real-size step at 10 positions (2-core AMD EPYC Zen 4, AVX2 kernels) took
- * 2.99 / 3.53 / 4.81 / 9.08 ms for 2 / 3 / 4 / 8 rows, widening per row 3.60 / 5.04 / 6.26 / 11.63 ms (one row: 2.4).
+ * instructions, not by the memory (see FINDINGS.md#grouped-int8-rows).
  * The integer sums are exact, so a row decoded in a batch equals the row decoded alone. */
 static inline __attribute__((always_inline)) void dot_i8_group(const int8_t *wr, const int16_t *xq, int n, int nb,
                                                                const float *xscale, float *acc) {
@@ -193,9 +192,8 @@ static void gemv_rows(const gemv_job *j, int B, int r0, int r1, int wkind) {
  * size, int8). So the team goes solo for VB_SOLO_STEPS steps only when stalls are frequent, VB_SOLO_STALLS of the
  * last 16 steps: on cores shared for good (a busy process beside us stalls most steps) one thread that keeps its
  * core beats two that wait for each other, while the bot's own short tasks (the event loop taking the tokens every
- * few steps, the Opus encoder) cost only their own waits. Measured in Synthesizer.stream on the 2-core EPYC: with
- * "two stalls within 64 steps" the event loop's wake-ups sent the step solo from its 15th token on (5.3 -> 7-10 ms
- * a step). */
+ * few steps, the Opus encoder) cost only their own waits; a looser rule sent the step solo on the event loop's own
+ * wake-ups (see FINDINGS.md#thread-team-solo-rule). */
 #ifndef VB_STALL_NS
 #define VB_STALL_NS 1500000  /* a wait this long means the worker lost its core (a scheduler time slice) */
 #endif
@@ -475,10 +473,9 @@ static inline __m256 hsum8(const __m256 *a) {
 #endif
 
 /* One query over positions [0, upto]: out[hd] = softmax(q . K[t] * scale) @ V, K and V rows [T, hd]. The AVX2 path
- * reads each cache row once, in 16-value pieces (kv16), and sums eight positions' scores at once (hsum8). A real-size
- * int8 step with a bf16 cache, 2-core AMD EPYC Zen 4 running AVX2 kernels, against 8-wide loads and a sum per
- * position: two rows 4.29 against 4.57 ms at 250 positions, 5.01 against 5.55 ms at 500; one row within 2 %, where
- * the step reads its weights and cache at about the memory's speed already. */
+ * reads each cache row once, in 16-value pieces (kv16), and sums eight positions' scores at once (hsum8): faster
+ * than 8-wide loads and a sum per position above one row, the same at one row, where the step reads its weights and
+ * cache at about the memory's speed already (see FINDINGS.md#grouped-int8-rows). */
 static void attend(const float *q, const void *K, const void *V, int kvkind, int upto, int hd, float scale,
                    float *scores, float *out) {
     const int T = upto + 1;

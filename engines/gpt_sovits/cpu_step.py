@@ -1,11 +1,9 @@
 """The GPT's decode layers fused into one C call on CPUs (``cpu_step.c``), built once per machine.
 
 Why our own kernel: the batch-1 decode step reads every weight once, so its floor is the memory bandwidth, and the
-libraries' matrix-vector products stay far from it on the CPUs people self-host on. Measured on a 2-core AMD EPYC
-(Zen 3, AVX2, no AVX-512), the step's 96 products at the real v2 size: MKL fp32 32-36 ms (8-9 GB/s), oneDNN packed
-37-116 ms, OpenBLAS 16-19 ms, torch's ``_weight_int8pack_mm`` 63-110 ms, fbgemm dynamic int8 8.5-10.6 ms; ONNX
-Runtime spent 45-50 % of its int8 step outside the products (Unsqueeze/Slice/Concat/Add... per layer). One call per
-step for all 24 layers removes the per-op cost as well, and the int8 weights are weight-only (activations stay fp32
+libraries' matrix-vector products stay far from it on the CPUs people self-host on, and ONNX Runtime spent about half
+of its int8 step outside the products (see FINDINGS.md#library-products). One call per step for all 24 layers
+removes the per-op cost as well, and the int8 weights are weight-only (activations stay fp32
 into the products, as 15-bit integers inside them), so they round less than dynamic int8.
 
 The library is compiled with the system C compiler (``cc``) on first use for this very CPU (``-march=native``; set

@@ -421,7 +421,7 @@ class Text2SemanticModel(nn.Module):
         for the rows (activations rounded per call), except the last row, weight-only as the decode steps compute:
         it alone makes the first token's logits, which dynamic int8 moved by up to 0.2 on the golden data; so made
         (by the fused step's own product), the logits stay within 0.107 of upstream's (0.088 with every row weight-only; tests/engines/test_int8_proof.py
-        bounds them at 0.15). The prefill ran 0.37 -> 0.19 s at the real size (S = 204, 2-core EPYC Zen 3)."""
+        bounds them at 0.15). It halves the prefill's time (see FINDINGS.md#prefill-int8-gemm)."""
         packed = getattr(lin, "prefill_packed", None)
         lib = cpu_step.load_library() if packed is not None else None
         if packed is None or lib is None:
@@ -501,11 +501,9 @@ class Text2SemanticModel(nn.Module):
     def _watch_prefill_layer(self, per_position_s: float, recent: list[float]) -> None:
         """One thread for the rest of a CPU prefill once :data:`PREFILL_SLOW_LAYERS` layers in a row ran on average
         :data:`PREFILL_SLOW` times slower per position than the fastest seen: another process has a core, and
-        torch's threads then wait for each other at every op (2-core EPYC Zen 4, a busy process beside it, S = 204:
-        2 threads median 317-469 ms, worst 1.2-1.75 s; one thread 168-228 ms, worst 0.19-0.31 s; quiet, 2 threads
-        95-115 ms, layers at 1.1-1.3x their fastest, 1 % of them 3.4x, one at a time; one thread quiet 150-160
-        ms; at 1.8x the quiet pipeline went solo after the vocoder's calls, whose threads still spin, and lost
-        10-20 % of its prefill time). The next :data:`PREFILL_SOLO` prefills run on one thread from their start,
+        torch's threads then wait for each other at every op, slower than one thread alone; a lower threshold sent
+        quiet prefills solo too, after the vocoder's spinning threads (see FINDINGS.md#prefill-solo-thread). The
+        next :data:`PREFILL_SOLO` prefills run on one thread from their start,
         then one tries all threads again. ``recent``: this prefill's last layers against the fastest (appended to)."""
         self._prefill_fastest = min(self._prefill_fastest, per_position_s)
         recent.append(per_position_s / self._prefill_fastest)
@@ -599,11 +597,9 @@ def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowe
 
     On a CPU (``split``: the text length ``tx`` and the audio rows' mask ``[S - tx, S]`` as an additive bias of
     zeros and -inf, None without audio rows) the text rows, which see the text alone, and the audio rows, which see
-    the text and the audio before them, run apart through torch's fused CPU attention. Measured (16 heads of 32, the
-    prefill's strided q/k/v, AVX2 kernels, 2-core AMD EPYC Zen 4, 2 threads), a layer at S = 200 / 310: 0.80 / 1.83
-    ms apart against 0.85-2.1 / 2.3-5.5 ms as two batched products around a softmax over the whole [S, S] (its
-    scores, 2.6-6 MB a layer, made anew each time); in the real-size pipeline 30-33 ms of attention a prefill against
-    38. torch's SDPA over the whole [S, S] with its mask took 38-50 ms a prefill (S = 204, Zen 3)."""
+    the text and the audio before them, run apart through torch's fused CPU attention: faster than two batched
+    products around a softmax over the whole [S, S] (its scores made anew each layer) and than SDPA over the whole
+    [S, S] with its mask (see FINDINGS.md#prefill-attention)."""
     if q.device.type != "cpu" or split is None:
         return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=allowed)[0]
     if q.shape[1] < k.shape[1]:  # the last position (text or audio) sees every position
@@ -618,8 +614,8 @@ def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowe
 
 def _pack_for_prefill(weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> Any:
     """The int8 weight (per output channel) packed for fbgemm's dynamic int8 GEMM, which the prefill runs: its
-    ~200 rows make the prefill compute-bound, and int8 products ran 185-220 GOP/s where fp32 ran 90-139 GFLOP/s
-    (2-core AMD EPYC Zen 3, AVX2). ``None`` where torch has no fbgemm (the prefill then runs weight-only)."""
+    ~200 rows make the prefill compute-bound, and int8 products run about twice fp32's rate on AVX2 (see
+    FINDINGS.md#prefill-int8-gemm). ``None`` where torch has no fbgemm (the prefill then runs weight-only)."""
     if torch.backends.quantized.engine not in ("x86", "fbgemm"):
         return None
     with warnings.catch_warnings():  # torch marks its quantized tensors deprecated (fbgemm's GEMM is what we use)
@@ -657,7 +653,7 @@ def _decode_layers(
     """The transformer layers of one decode step: ``[B, D]`` fp32 residual stream in and out.
 
     Written in the TorchScript subset: on CPU it runs scripted (:func:`_layers_runner`), which removes most of the
-    per-op Python cost (measured 6.4 -> 3.8 ms per int8 step at the real size); on CUDA it runs as Python and the
+    per-op Python cost (see FINDINGS.md#torchscript-decode-layers); on CUDA it runs as Python and the
     step is captured in a CUDA graph instead.
 
     ``kv`` is each layer's cache; ``views`` the flat per-layer (write rows, K, V) of :meth:`Text2SemanticModel.

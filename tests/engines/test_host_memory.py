@@ -7,7 +7,6 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -95,19 +94,24 @@ def test_freed_heap_memory_goes_back_to_the_os() -> None:
 
 
 def test_hubert_is_unloaded_when_idle_and_loaded_again_when_a_voice_is_made(tiny_models: Path) -> None:
+    now = [1000.0]  # the clock decides idleness; the real timer (600 s) never fires during the test
     encoders = LazyEncoders(tiny_models / MODEL_SET_LAYOUT["hubert"], None, "cpu", torch.float32)
-    encoders.hubert_model.idle_s = 1.5
+    model = encoders.hubert_model = IdleUnloaded(encoders.hubert_model._load, "HuBERT",  # pyright: ignore[reportPrivateUsage]
+                                                 idle_s=600, clock=lambda: now[0])
     wav = torch.zeros(1, 16000)
     first = encoders.hubert()
-    for _ in range(8):  # used every 0.25 s, 2 s in all: stays
-        time.sleep(0.25)
+    for _ in range(4):  # used every 300 s, 1200 s in all: stays
+        now[0] += 300
+        model.unload_if_idle()
         assert encoders.hubert() is first
-    deadline = time.monotonic() + 10
-    while encoders.hubert_model.loaded and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not encoders.hubert_model.loaded  # idle past idle_s: unloaded
+    now[0] += 599
+    model.unload_if_idle()
+    assert model.loaded  # 599 s unused: kept
+    now[0] += 1
+    model.unload_if_idle()
+    assert not model.loaded  # idle for idle_s: unloaded
     assert first.encode(wav).shape == encoders.hubert().encode(wav).shape  # the old reference still works; reloaded
-    assert encoders.hubert_model.loaded and encoders.hubert() is not first
+    assert model.loaded and encoders.hubert() is not first
 
 
 def test_a_model_that_fails_to_load_keeps_nothing_and_is_tried_again() -> None:
