@@ -7,12 +7,17 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 from synthesis import SpeechError
+
+if TYPE_CHECKING:
+    from synthesis import SpeechBackend, Voice
 
 log = logging.getLogger("bot")
 
@@ -97,12 +102,16 @@ def _parser() -> argparse.ArgumentParser:
 
     mp = sub.add_parser("models", parents=[common], help="model files")
     msub = mp.add_subparsers(dest="action", required=True)
+    families = ["v2", "v2Pro", "v2ProPlus", "v4", "v5turbo", "v5dev", "v3"]
     sp = msub.add_parser("download", parents=[common])
     sp.add_argument("dir", nargs="?", type=Path, default=None)
+    sp.add_argument("--family", choices=families, default=None,
+                    help="the pretrained set to fetch (default: models.family)")
     sp = msub.add_parser("make-tiny", parents=[common], help="write a tiny random model set + config (tests)")
     sp.add_argument("dir", type=Path)
     sp.add_argument("--size", choices=["tiny", "real"], default="tiny")
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--family", choices=families, default="v2", help="the model family of the set (default v2)")
 
     ep = sub.add_parser("engines", parents=[common], help="inference engines")
     esub = ep.add_subparsers(dest="action", required=True)
@@ -149,9 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _make_tiny(args: argparse.Namespace) -> int:
     from engines import write_model_set
 
-    paths = write_model_set(args.dir, size=args.size, seed=args.seed)
+    paths = write_model_set(args.dir, size=args.size, seed=args.seed, family=args.family)
+    files = [k for k in ("gpt", "sovits", "hubert", "bert", "sv", "vocoder") if k in paths]
     config = {
-        "models": {"dir": ".", **{k: str(paths[k].relative_to(args.dir)) for k in ("gpt", "sovits", "hubert", "bert")},
+        "models": {"dir": ".", "family": args.family, **{k: str(paths[k].relative_to(args.dir)) for k in files},
                    "download_base_url": "http://127.0.0.1:1/unused"},
         "engine": {"backend": "torch", "device": "cpu", "precision": "fp32"},
         "voices": {"dir": "voices"},
@@ -163,7 +173,7 @@ def _make_tiny(args: argparse.Namespace) -> int:
     out = args.dir / "config.yaml"
     out.write_text("# Written by `python -m bot models make-tiny`: tiny random models for tests.\n"
                    + yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    print(f"wrote a {args.size} model set and {out}")
+    print(f"wrote a {args.size} {args.family} model set and {out}")
     return 0
 
 
@@ -171,14 +181,21 @@ def _download(config: Any, args: argparse.Namespace) -> int:
     from bot.downloads import MODEL_SETS, download_models
 
     m = config.models
-    family = MODEL_SETS[m.family]
+    name = args.family or m.family
+    if name not in MODEL_SETS:
+        print(f"error: models.family is {name}: say which set to fetch with --family (one of "
+              f"{', '.join(MODEL_SETS)})", file=sys.stderr)
+        return 2
+    family = MODEL_SETS[name]
     dest = args.dir or m.dir
     # a pretrained GPT or SoVITS that models.gpt / models.sovits replace with the user's own file is not fetched
-    files = family.files(gpt=Path(m.gpt) == Path(m.dir) / family.gpt.path,
-                         sovits=Path(m.sovits) == Path(m.dir) / family.sovits.path)
+    # (with --family naming another set than the configured one, the set's own files are)
+    mine = args.family is None or args.family == m.family
+    files = family.files(gpt=not mine or Path(m.gpt) == Path(m.dir) / family.gpt.path,
+                         sovits=not mine or Path(m.sovits) == Path(m.dir) / family.sovits.path)
     written = download_models(dest, m.download_base_url, files)
-    print(f"{len(written)} file(s) of the {m.family} set downloaded into {dest}" if written
-          else f"all {m.family} model files present in {dest}")
+    print(f"{len(written)} file(s) of the {name} set downloaded into {dest}" if written
+          else f"all {name} model files present in {dest}")
     _download_text_files(m, dest)
     return 0
 
@@ -202,8 +219,10 @@ def _download_text_files(m: Any, dest: Path) -> None:
 def _check_models(config: Any) -> str | None:
     m = config.models
     needed = [("GPT", m.gpt), ("SoVITS", m.sovits), ("HuBERT", m.hubert), ("BERT", m.bert)]
-    if m.family != "v2":
+    if m.family in ("v2Pro", "v2ProPlus"):
         needed.append(("speaker-verification", m.sv))
+    if m.vocoder is not None:
+        needed.append(("vocoder", m.vocoder))
     for label, path in needed:
         if not Path(path).exists():
             return f"the {label} model {path} is missing: run `python -m bot models download` (or `make run`)"
@@ -277,16 +296,30 @@ def _check_token(config: Any, args: argparse.Namespace) -> int:
 
 
 def _serve(config: Any, args: argparse.Namespace) -> int:
-    from bot.http.app import check_bind
+    from bot.http.app import check_start
 
-    check_bind(config, args.host)  # a refusal at once, not after loading the models
+    check_start(config, args.host)  # bind, TLS files, reference folders: refused now, not after the models load
     if (missing := _check_models(config)) is not None:
         print(missing, file=sys.stderr)
         return 2
-    from bot.app import run_api
+    # Ctrl-C must stop the load itself: asyncio.run's own handler only cancels its task, which then waits for the
+    # load (and the warm-up's threads) to end. Once the API is up, run_api's handler takes Ctrl-C over.
+    previous = signal.signal(signal.SIGINT, _interrupted_load)
+    try:
+        from bot.app import run_api
 
-    asyncio.run(run_api(config, args.host, args.port))
+        asyncio.run(run_api(config, args.host, args.port))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return 0
+
+
+def _interrupted_load(signum: int, frame: Any) -> None:
+    """Ctrl-C before the API serves: one line, and the process ends now. It serves nothing yet and writes nothing
+    that a crash could break (the voice store and caches are crash-safe), while the threads inside the model could
+    only be waited for, not stopped."""
+    os.write(2, b"interrupted while loading the models: the HTTP API was not started\n")  # no buffer to re-enter
+    os._exit(130)
 
 
 def _say(config: Any, args: argparse.Namespace) -> int:
@@ -334,16 +367,11 @@ def _open_voices(config: Any) -> tuple[Any, Any]:
     return open_stores(config)
 
 
-def _find_voice(config: Any, name: str) -> Any:
+def _find_voice(config: Any, name: str) -> Voice:
     """A stored voice by name or id (VoiceNotFound names how to list them)."""
-    from synthesis import VoiceNotFound
-
     store, cache = _open_voices(config)
     try:
-        try:
-            return store.get(name)
-        except VoiceNotFound:
-            return store.find(name)
+        return store.lookup(name)
     finally:
         cache.close()
 
@@ -398,8 +426,9 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         fmt = args.output.suffix.lower().lstrip(".")  # the file's own type where it is one we encode, else WAV
         fmt = fmt if fmt in ("flac", "ogg", "opus", "mp3", "aac") else "wav"
-        args.output.write_bytes(encode_audio(audio, 32000, fmt))
-        audio_s = audio.size / 32000
+        rate = chunks[0].sample_rate if chunks else synth.sample_rate  # the model's: 32, 48 (v4/v5) or 24 kHz (v3)
+        args.output.write_bytes(encode_audio(audio, rate, fmt))
+        audio_s = audio.size / rate
         if args.timings:
             report = {
                 "ttfa_s": round(ttfa or 0.0, 4), "total_s": round(total, 4), "audio_s": round(audio_s, 4),
@@ -455,7 +484,7 @@ def _voices_add(config: Any, args: argparse.Namespace) -> int:
                     progress=progress)
             if extras:
                 try:
-                    voice, more = await synth.voicing.add_clips(voice, extras)
+                    voice, more = await synth.voicing.add_clips(voice, extras, consent=_OPERATOR_CONSENT)
                 except BaseException:
                     await synth.voicing.delete(voice.id)  # a voice without the clips asked for is not kept
                     raise
@@ -479,7 +508,7 @@ def _voices_add(config: Any, args: argparse.Namespace) -> int:
     return asyncio.run(go())
 
 
-async def _precompute_with_bar(synth: Any, voice: Any, phrases: Sequence[str]) -> None:
+async def _precompute_with_bar(synth: SpeechBackend, voice: Voice, phrases: Sequence[str]) -> None:
     from tqdm import tqdm
 
     with tqdm(total=len(phrases), desc=f"phrases for {voice.name}", unit="phrase") as bar:
@@ -491,8 +520,8 @@ async def _precompute_with_bar(synth: Any, voice: Any, phrases: Sequence[str]) -
 
 def _voices_add_clip(config: Any, args: argparse.Namespace) -> int:
     clips = [(_read_clip(config, path), path.name) for path in args.clips]
-    return _with_voice(config, args.name, lambda synth, voice: synth.voicing.add_clips(voice, clips),
-                       f"{len(clips)} extra clip(s) averaged into the timbre of")
+    return _with_voice(config, args.name, lambda synth, voice: synth.voicing.add_clips(
+        voice, clips, consent=_OPERATOR_CONSENT), f"{len(clips)} extra clip(s) averaged into the timbre of")
 
 
 def _voices_add_style(config: Any, args: argparse.Namespace) -> int:
@@ -502,34 +531,31 @@ def _voices_add_style(config: Any, args: argparse.Namespace) -> int:
     _check_language(args.lang, "--lang")
     clip = _read_clip(config, args.clip)
     return _with_voice(config, args.name, lambda synth, voice: synth.voicing.add_style(
-        voice, args.style, clip, args.clip.name, transcript=args.text, language=args.lang),
+        voice, args.style, clip, args.clip.name, consent=_OPERATOR_CONSENT, transcript=args.text,
+        language=args.lang),
         f"style {args.style!r} stored with")
 
 
 def _voices_remove_style(config: Any, args: argparse.Namespace) -> int:
-    async def remove(synth: Any, voice: Any) -> tuple[Any, list[str]]:
+    async def remove(synth: SpeechBackend, voice: Voice) -> tuple[Voice, list[str]]:
         return await synth.voicing.remove_style(voice, args.style), []
 
     return _with_voice(config, args.name, remove, f"style {args.style!r} removed from")
 
 
-def _with_voice(config: Any, name: str, change: Any, done: str) -> int:
+def _with_voice(config: Any, name: str, change: Callable[[SpeechBackend, Voice], Awaitable[tuple[Voice, list[str]]]],
+                done: str) -> int:
     """Run ``change(synth, voice)`` (-> (voice, warnings)) on a stored voice with the loaded model; say what it did."""
     if (missing := _check_models(config)) is not None:
         print(missing, file=sys.stderr)
         return 2
 
     async def go() -> int:
-        from synthesis import VoiceNotFound
-
         from bot.services import build_synthesizer
 
         synth = build_synthesizer(config)
         try:
-            try:
-                voice = synth.voices.get(name)
-            except VoiceNotFound:
-                voice = synth.voices.find(name)
+            voice = synth.voices.lookup(name)
             voice, warnings = await change(synth, voice)
             for w in warnings:
                 print(f"warning: {w}", file=sys.stderr)

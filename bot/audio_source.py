@@ -1,7 +1,7 @@
 """The voice AudioSource: synthesized speech handed to discord.py's player thread 20 ms at a time.
 
 An asyncio task (the synthesis stream) feeds float32 mono chunks at the model's rate; they are resampled to 48 kHz
-with one streaming resampler per source (``synthesis.audio.StreamResampler``: soxr keeps the filter state, so chunk
+(a 48 kHz model's audio goes out sample for sample) with one streaming resampler per source (``synthesis.audio.StreamResampler``: soxr keeps the filter state, so chunk
 joins have no clicks), converted to stereo s16le and put into a bounded, thread-safe byte buffer. discord.py's
 ``AudioPlayer`` calls :meth:`StreamAudioSource.read` from its own thread every 20 ms. The contract
 (``discord/player.py``): every read returns one 20 ms frame of 16-bit 48 kHz stereo (3,840 bytes), and an empty
@@ -81,7 +81,8 @@ class StreamAudioSource(discord.AudioSource):
         audio:
             ``[N]`` float32 mono in [-1, 1].
         sample_rate:
-            Hz of ``audio`` (32,000 for SoVITS v2). A change of rate flushes the previous resampler first.
+            Hz of ``audio`` (32,000 for SoVITS v2; 48,000 for v4/v5, taken as it is). A change of rate flushes the
+            previous resampler first.
         """
         if self._ended:
             raise RuntimeError("feed() after end()")
@@ -113,12 +114,14 @@ class StreamAudioSource(discord.AudioSource):
     def _convert(self, x: np.ndarray, sample_rate: int, *, last: bool) -> bytes:
         """float32 mono at ``sample_rate`` -> s16le stereo bytes @ 48 kHz, continuing the resampler's state."""
         out: list[np.ndarray] = []
-        if sample_rate != self._rate_in or self._resampler is None:
+        if sample_rate != self._rate_in:
             if self._resampler is not None:  # finish the old rate before switching
                 out.append(self._resampler.process(np.zeros(0, dtype=np.float32), last=True))
-            self._resampler = StreamResampler(sample_rate, DISCORD_SAMPLE_RATE)
+            # Discord's own rate needs no filter (and gets no filter delay)
+            self._resampler = StreamResampler(sample_rate, DISCORD_SAMPLE_RATE) \
+                if sample_rate != DISCORD_SAMPLE_RATE else None
             self._rate_in = sample_rate
-        out.append(self._resampler.process(x, last=last))
+        out.append(self._resampler.process(x, last=last) if self._resampler is not None else x)
         mono = np.concatenate(out) if len(out) > 1 else out[0]  # [M] float32 @ 48 kHz
         s16 = to_pcm16(mono).astype("<i2", copy=False)
         return np.repeat(s16, DISCORD_CHANNELS).tobytes()  # interleaved L R L R ...

@@ -55,10 +55,18 @@ def _family_file(role: str) -> Any:
                  metadata={"default_from": default})
 
 
+def _family_vocoder(values: dict[str, Any]) -> Path | None:
+    """models.vocoder's default: the chosen diffusion family's pretrained vocoder under ``models.dir``, else None."""
+    family = MODEL_SETS.get(values["family"])
+    vocoder = family.vocoder if family is not None else None
+    return Path(values["dir"]) / vocoder if vocoder is not None else None
+
+
 @dataclass(frozen=True)
 class ModelsConfig:
     dir: Path = Path("models")
-    # the pretrained set `models download` fetches (v2 | v2Pro | v2ProPlus), and where gpt/sovits point by default
+    # the pretrained set `models download` fetches (v2 | v2Pro | v2ProPlus | v4 | v5turbo | v5dev | v3), and where
+    # gpt/sovits point by default; auto: the SoVITS file's own family (the v2 set's files by default)
     family: str = DEFAULT_FAMILY
     gpt: Path = _family_file("gpt")
     sovits: Path = _family_file("sovits")
@@ -66,6 +74,9 @@ class ModelsConfig:
     bert: Path = Path("models/chinese-roberta-wwm-ext-large")
     # v2Pro/v2ProPlus SoVITS only: the speaker-verification model of upstream's pretrained set (unused for v2)
     sv: Path = Path("models/sv/pretrained_eres2netv2w24s4ep4.ckpt")
+    # v3/v4/v5 SoVITS only: its vocoder (null: the family's pretrained vocoder.pth under dir; with family auto, the one
+    # beside the SoVITS file, as upstream lays them out)
+    vocoder: Path | None = field(default=None, metadata={"default_from": _family_vocoder})
     download_base_url: str = "https://huggingface.co/lj1995/GPT-SoVITS/resolve/main"
     # the text front-end's optional files (upstream's English dictionaries, the G2PW polyphone model): fetched by
     # `models download` and read from dir where present; false: neither (the front-end uses its packages' data)
@@ -74,10 +85,7 @@ class ModelsConfig:
     g2pw_url: str = G2PW_URL  # the G2PWModel.zip archive, or a mirror
 
     def __post_init__(self) -> None:
-        if self.family.lower() in ("v3", "v4"):
-            raise ValueError(f"family must be one of {', '.join(MODEL_SETS)}, got {self.family!r}: v3/v4 models need "
-                             "a different decoder and are not supported yet")
-        _check_choice("family", self.family, tuple(MODEL_SETS))
+        _check_choice("family", self.family, (*MODEL_SETS, "auto"))
         _check_url("download_base_url", self.download_base_url, ("http", "https"))
         _check_url("text_base_url", self.text_base_url, ("http", "https"))
         _check_url("g2pw_url", self.g2pw_url, ("http", "https"))
@@ -252,8 +260,15 @@ class HttpConfig:
     # the HTTP API's pronunciation dictionary (JSON, synthesis.Lexicon's format; missing = empty), applied to every
     # HTTP request and edited through /pronunciations
     pronunciations: Path = Path("pronunciations.json")
+    # folders whose audio files api_v2's ref_audio_path may name (with prompt_text), each encoded once and kept as a
+    # voice; empty: ref_audio_path names stored voices only. Nothing outside these folders is ever read.
+    reference_dirs: tuple[Path, ...] = ()
+    tls_cert: Path | None = None  # PEM certificate (chain) to serve HTTPS/WSS natively; with tls_key
+    tls_key: Path | None = None  # its PEM private key
 
     def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: set both (PEM certificate and its key) or neither")
         if not self.host.strip():
             raise ValueError("host must be an address to listen on, like 127.0.0.1 or 0.0.0.0, got ''")
         _check_at_least("port", self.port, 0)  # 0: any free port

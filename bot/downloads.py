@@ -1,8 +1,9 @@
-"""Downloading a pretrained GPT-SoVITS model set (v2, v2Pro, v2ProPlus): progress, resume, checks, a mirror.
+"""Downloading a pretrained GPT-SoVITS model set (v2, v2Pro, v2ProPlus, v4, v5turbo, v5dev, v3): progress,
+resume, checks, a mirror.
 
-A file with a published SHA-256 (the v2 set) is checked against it. Upstream publishes none for the v2Pro files, so
-none is invented here: ``s1v3.ckpt`` is checked by its size, and the v2Pro/v2ProPlus SoVITS and the SV model by their
-tensors' names and shapes, read from the file without torch and without running anything from it, against those of
+A file with a published SHA-256 (the v2 set) is checked against it. Upstream publishes none for the later files, so
+none is invented here: ``s1v3.ckpt`` and the v5 SoVITS files are checked by their sizes, and the v2Pro/v2ProPlus/v4/v5
+SoVITS, the SV model and the vocoders by their tensors' names and shapes, read from the file without torch and without running anything from it, against those of
 upstream's released files (:data:`SHAPES`).
 
 The text front-end's optional files come the same way (:func:`download_frontend_files`): upstream's English
@@ -64,6 +65,12 @@ SHAPES = {
     "sovits_v2Pro": ShapeCheck(678, "2eecaba19ff3e6cb2f72007b7db48b444e53e56592260b890a46916fe179d08c"),
     "sovits_v2ProPlus": ShapeCheck(678, "9076dfb75834294fc10a765506e63c2f3bf1228975c2567b3dca339a26fce9b0"),
     "sv": ShapeCheck(844, "507bec466501edd87a58d8a6c5a0ae99041b7d3378fc590ce4c51dd3740814b6"),
+    # v4/v5 (tests/data/golden-v4v5/real_size_shapes.json): the v4 SoVITS (a DiT with the step embedding), the v5
+    # one (without), and the 48 kHz vocoder both use
+    "sovits_v4": ShapeCheck(685, "73e5409ae1edaea235f4277eef9e0285f847aa0e80085f5b2535c6df4e40e7c9"),
+    "sovits_v5": ShapeCheck(681, "77f31a6681f168c1a145c682c45dabc02d5088edd1b31825221c9a860b930665"),
+    "vocoder48k": ShapeCheck(194, "6ff566f19dbe7d179c8638b977a40de3b50110c85db511d657006c957f5a6c31"),
+    "bigvgan": ShapeCheck(783, "24b91a562a7f51a37a65e7b64fdd096878fc07661d44f050ffdabfcdbb08d005"),  # weight norm kept
 }
 
 # Upstream's pretrained files (HF lj1995/GPT-SoVITS); the v2 checksums are from the reference notes.
@@ -75,6 +82,17 @@ V3_GPT = ModelFile("s1v3.ckpt", None, 155_284_856)  # the GPT of v2Pro/v2ProPlus
 V2PRO_SOVITS = ModelFile("v2Pro/s2Gv2Pro.pth", None, shapes=SHAPES["sovits_v2Pro"])
 V2PROPLUS_SOVITS = ModelFile("v2Pro/s2Gv2ProPlus.pth", None, shapes=SHAPES["sovits_v2ProPlus"])
 SV_MODEL = ModelFile("sv/pretrained_eres2netv2w24s4ep4.ckpt", None, shapes=SHAPES["sv"])
+# v4 and v5: no published checksum and (but for the v5 SoVITS) no published size; their tensors are checked
+V4_SOVITS = ModelFile("gsv-v4-pretrained/s2Gv4.pth", None, shapes=SHAPES["sovits_v4"])
+V4_VOCODER = ModelFile("gsv-v4-pretrained/vocoder.pth", None, shapes=SHAPES["vocoder48k"])
+V5DEV_SOVITS = ModelFile("gsv-v5-pretrained/s2Gv5dev.pth", None, 766_406_144, shapes=SHAPES["sovits_v5"])
+V5TURBO_SOVITS = ModelFile("gsv-v5-pretrained/s2Gv5turbo.pth", None, 766_406_144, shapes=SHAPES["sovits_v5"])
+V5_VOCODER = ModelFile("gsv-v5-pretrained/vocoder.pth", None, shapes=SHAPES["vocoder48k"])
+V3_SOVITS = ModelFile("s2Gv3.pth", None, 769_035_145, shapes=SHAPES["sovits_v4"])  # the v4 tensors, as released
+BIGVGAN_FOLDER = "models--nvidia--bigvgan_v2_24khz_100band_256x"  # v3's vocoder: NVIDIA's BigVGAN v2 24 kHz
+BIGVGAN = (ModelFile(f"{BIGVGAN_FOLDER}/bigvgan_generator.pt", None, shapes=SHAPES["bigvgan"]),
+           # no published size or checksum: the loader reads it as JSON and checks its keys at start-up
+           ModelFile(f"{BIGVGAN_FOLDER}/config.json", None))
 ENCODERS: tuple[ModelFile, ...] = (  # HuBERT (every family) and the Chinese BERT (zh text)
     ModelFile("chinese-hubert-base/pytorch_model.bin",
               "24164f129c66499d1346e2aa55f183250c223161ec2770c0da3d3b08cf432d3c"),
@@ -93,11 +111,13 @@ ENCODERS: tuple[ModelFile, ...] = (  # HuBERT (every family) and the Chinese BER
 
 @dataclass(frozen=True)
 class ModelSet:
-    """One family's pretrained files: its GPT, its SoVITS, what else its SoVITS needs (the SV model), the encoders."""
+    """One family's pretrained files: its GPT, its SoVITS, what else its SoVITS needs (the SV model, or a diffusion
+    family's vocoder), the encoders."""
 
     gpt: ModelFile
     sovits: ModelFile
     extra: tuple[ModelFile, ...] = ()
+    vocoder: str | None = None  # v3/v4/v5: the vocoder's file (v3: folder) under the models folder, from extra
 
     def files(self, *, gpt: bool = True, sovits: bool = True) -> tuple[ModelFile, ...]:
         """The files to fetch; ``gpt``/``sovits`` False leaves out a pretrained file replaced by the user's own."""
@@ -108,6 +128,10 @@ MODEL_SETS = {  # config models.family -> its pretrained set
     "v2": ModelSet(V2_GPT, V2_SOVITS),
     "v2Pro": ModelSet(V3_GPT, V2PRO_SOVITS, (SV_MODEL,)),
     "v2ProPlus": ModelSet(V3_GPT, V2PROPLUS_SOVITS, (SV_MODEL,)),
+    "v4": ModelSet(V3_GPT, V4_SOVITS, (V4_VOCODER,), V4_VOCODER.path),
+    "v5turbo": ModelSet(V3_GPT, V5TURBO_SOVITS, (V5_VOCODER,), V5_VOCODER.path),
+    "v5dev": ModelSet(V3_GPT, V5DEV_SOVITS, (V5_VOCODER,), V5_VOCODER.path),
+    "v3": ModelSet(V3_GPT, V3_SOVITS, BIGVGAN, BIGVGAN_FOLDER),
 }
 DEFAULT_FAMILY = "v2"
 V2_MODEL_SET = MODEL_SETS["v2"].files()
@@ -449,7 +473,7 @@ def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, TypeError, AttributeError, IndexError) as e:
             raise ValueError(f"not a PyTorch checkpoint ({e})") from e
     if isinstance(obj, dict):
-        for wrapper in ("weight", "state_dict"):
+        for wrapper in ("weight", "state_dict", "generator"):  # a SoVITS, a state dict, BigVGAN's generator
             if isinstance(obj.get(wrapper), dict):
                 obj = obj[wrapper]
                 break

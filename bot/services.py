@@ -13,8 +13,8 @@ from bot.downloads import G2PW_DIR, TEXT_DIR, english_installed, g2pw_installed
 from bot.pronunciations import PronunciationFile
 from bot.voice_service import VoiceService
 from engines import load_engine
-from synthesis import (DeviceWorker, SynthesisCache, SynthesisParams, Synthesizer, VoiceStore, configure_frontend,
-                       connect_cluster)
+from synthesis import (DeviceWorker, SpeechBackend, SynthesisCache, SynthesisParams, Synthesizer, VoiceStore,
+                       configure_frontend, connect_cluster)
 
 if TYPE_CHECKING:
     from bot.chat import ChatClient
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Services:
     config: Config
-    synthesizer: Synthesizer
+    synthesizer: SpeechBackend  # local (the engine here) or remote (Ray Serve replicas): the bot sees no difference
     store: "Store | None" = None
     speech: "SpeechService | None" = None
     chat: "ChatClient | None" = None  # only when config.chat.enabled
@@ -47,15 +47,15 @@ def default_params(config: Config) -> SynthesisParams:
     return config.synthesis.params
 
 
-def build_synthesizer(config: Config) -> Synthesizer:
+def build_synthesizer(config: Config) -> SpeechBackend:
     """Load the engine (models from config), start its device worker, open the voice store and caches.
 
     With ``synthesis.backend: ray`` the engine runs on Ray Serve replicas instead (each replica builds its own
     local synthesizer with :func:`build_local_synthesizer`), and this returns the client that stands in for it:
-    :class:`synthesis.RemoteSynthesizer`, with the same surface.
+    :class:`synthesis.RemoteSynthesizer`, with the same surface (:class:`synthesis.SpeechBackend`).
     """
     if config.synthesis.backend == "ray":
-        return connect_replicas(config)  # type: ignore[return-value]
+        return connect_replicas(config)
     return build_local_synthesizer(config)
 
 
@@ -86,7 +86,7 @@ def open_stores(config: Config) -> tuple[VoiceStore, SynthesisCache]:
 
 def build_local_synthesizer(config: Config, stores: tuple[VoiceStore, SynthesisCache] | None = None) -> Synthesizer:
     """The engine and its device worker in this process, around ``stores`` (default: :func:`open_stores`; a Ray
-    replica passes its own, see ``synthesis.remote``)."""
+    replica passes its own, see ``synthesis.cluster``)."""
     configure_text_files(config.models)  # here, so that a Ray replica's process configures its own front-end
     engine = load_engine(config.engine, config.models)
     voices, cache = stores if stores is not None else open_stores(config)

@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
-from synthesis import BusyError, SpeechError, SynthesisParams, Voice, with_style
+from synthesis import BusyError, SpeechBackend, SpeechError, SynthesisParams, Voice, with_style
 
 from bot.config import Config
 from bot.pronunciations import Pronunciations
@@ -111,7 +111,7 @@ class SpeechService:
     Parameters
     ----------
     synthesizer:
-        The pipeline (``stream``).
+        The synthesizer, local or remote (``stream``, ``busy``; its voices through ``voices``).
     store:
         The bot's database.
     config:
@@ -125,7 +125,7 @@ class SpeechService:
     """
 
     def __init__(
-        self, synthesizer: Any, store: Store, config: Config, *, on_error: ErrorCallback | None = None,
+        self, synthesizer: SpeechBackend, store: Store, config: Config, *, on_error: ErrorCallback | None = None,
         voices: VoiceService | None = None,
     ) -> None:
         self.synthesizer = synthesizer
@@ -313,7 +313,7 @@ class SpeechService:
 
     def _check_capacity(self) -> None:
         """Answer "busy" now, while the member still waits for the command's reply, not later in the channel."""
-        if getattr(self.synthesizer, "busy", False) is True:
+        if self.synthesizer.busy:
             raise BusyError("I'm speaking for as many people as I can right now; try again in a moment")
 
     def _check_policy(self, settings: dict[str, Any], member: Any, is_bot: bool, spk: GuildSpeaker) -> None:

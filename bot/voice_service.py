@@ -31,7 +31,7 @@ from synthesis import VoiceError, VoiceNotFound
 
 if TYPE_CHECKING:
     from bot.store import Store
-    from synthesis import Synthesizer, Voice, VoiceStore
+    from synthesis import SpeechBackend, Voice, VoiceMaker, VoiceStore
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ class VoiceService:
     phrases: the configured common phrases (precomputed for every new voice, before the guild's own).
     """
 
-    def __init__(self, store: Store | None, synthesizer: Synthesizer | None = None, *, voices: VoiceStore | None = None,
-                 phrases: Sequence[str] = ()) -> None:
+    def __init__(self, store: Store | None, synthesizer: SpeechBackend | None = None, *,
+                 voices: VoiceStore | None = None, phrases: Sequence[str] = ()) -> None:
         self.store = store
         self.synthesizer = synthesizer
         resolved = voices if voices is not None else synthesizer.voices if synthesizer is not None else None
@@ -138,23 +138,26 @@ class VoiceService:
 
     # ---- extra clips and styles --------------------------------------------------------------------------------
 
-    async def add_clips(self, voice: Voice, uploads: Sequence[tuple[bytes, str]], *,
+    async def add_clips(self, voice: Voice, uploads: Sequence[tuple[bytes, str]], *, consent: Mapping[str, Any],
                         guild_id: int | None = None) -> tuple[Voice, list[str]]:
-        """Average extra clips into a voice's timbre (a new version: its phrases are precomputed again)."""
-        voice, warnings = await self._voicing().add_clips(voice, uploads)
+        """Average extra clips into a voice's timbre, each stored with ``consent`` (the speaker's consent record,
+        as :meth:`create` takes it); a new version: its phrases are precomputed again."""
+        voice, warnings = await self._voicing().add_clips(voice, uploads, consent=consent)
         await self._precompute(voice, guild_id, None)
         return voice, warnings
 
-    async def add_style(self, voice: Voice, style: str, data: bytes, filename: str, *, transcript: str = "",
-                        language: str = "auto", guild_id: int | None = None) -> tuple[Voice, list[str]]:
-        """Store a named style with a voice (its own clip and transcript; a new version)."""
-        voice, warnings = await self._voicing().add_style(voice, style, data, filename, transcript=transcript,
-                                                          language=language)
+    async def add_style(self, voice: Voice, style: str, data: bytes, filename: str, *, consent: Mapping[str, Any],
+                        transcript: str = "", language: str = "auto",
+                        guild_id: int | None = None) -> tuple[Voice, list[str]]:
+        """Store a named style with a voice (its own clip and transcript, and ``consent``, the speaker's consent
+        record for the clip, as :meth:`create` takes it; a new version)."""
+        voice, warnings = await self._voicing().add_style(voice, style, data, filename, consent=consent,
+                                                          transcript=transcript, language=language)
         await self._precompute(voice, guild_id, None)
         return voice, warnings
 
     async def remove_style(self, voice: Voice, style: str, *, guild_id: int | None = None) -> Voice:
-        """Remove a named style of a voice (its clip, encodings and cached sentences)."""
+        """Remove a named style of a voice (its clip, encodings, cached sentences and consent record)."""
         voice = await self._voicing().remove_style(voice, style)
         await self._precompute(voice, guild_id, None)
         return voice
@@ -285,11 +288,11 @@ class VoiceService:
                 if total >= max_s * rate:
                     break
         finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
         audio = np.concatenate(pieces)[: int(max_s * rate)] if pieces else np.zeros(0, np.float32)
         return encode_audio(audio, rate, "wav")
 
-    def _voicing(self) -> Any:
+    def _voicing(self) -> VoiceMaker:
         if self.synthesizer is None:
             raise RuntimeError("this voice service has no synthesizer: it can only list and delete voices")
         return self.synthesizer.voicing

@@ -496,26 +496,39 @@ class VoiceCog(ReplyingCog):
 
     # ---- extra clips / styles ------------------------------------------------------------------------------------
 
-    async def _own_clip(self, interaction: discord.Interaction, clip: discord.Attachment, what: str) -> bytes | None:
-        """Check an attachment from its metadata, ask for consent, then download it: its bytes, or None when the
-        member did not agree (nothing downloaded)."""
+    async def _own_clip(self, interaction: discord.Interaction, clip: discord.Attachment, what: str,
+                        **agreed_to: object) -> tuple[bytes, dict] | None:
+        """Check an attachment from its metadata, ask for consent, then download it: its bytes and the consent
+        record to store with it (who, when, the words agreed to, the clip, and ``agreed_to``: the voice, the
+        style), or None when the member did not agree (nothing downloaded)."""
         limit_mb = self.services.config.discord.max_attachment_mb
         if clip.size > limit_mb * MB:
             raise UsageError(f"That file is {clip.size / MB:.1f} MB; the limit is {limit_mb:g} MB. Upload 3-10 s of "
                              "speech.")
         _check_audio_type(clip)
+        statement = consent_statement(False)
         view = ConfirmView(interaction.user.id, CONSENT_LABEL)
         await interaction.response.send_message(
-            f"Before I add `{clip.filename}` {what}:\n> {consent_statement(False)}\nNothing is downloaded until you "
-            "agree.", view=view, ephemeral=True)
+            f"Before I add `{clip.filename}` {what}:\n> {statement}\nNothing is downloaded until you agree.",
+            view=view, ephemeral=True)
         if not await view.settle(interaction, yes="Thank you, consent recorded. Preparing your clip…",
                                  no="Cancelled; nothing was downloaded.",
                                  timed_out="No answer, so nothing was downloaded."):
             return None
+        consent = {
+            "user_id": interaction.user.id,
+            "guild_id": interaction.guild_id,
+            "statement": statement,
+            "at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "interaction_id": interaction.id,
+            "clip": clip.filename,
+            "clip_bytes": clip.size,
+            **agreed_to,
+        }
         data = await clip.read()
         if len(data) > limit_mb * MB:  # the metadata said otherwise; never hand an oversized file on
             raise UsageError(f"That file is larger than {limit_mb:g} MB; upload a shorter clip.")
-        return data
+        return data, consent
 
     async def _finish(self, interaction: discord.Interaction, work: Callable[[], object]) -> None:
         """Run the voice change after consent; its answer (or its error, in one line) replaces the consent message."""
@@ -533,12 +546,14 @@ class VoiceCog(ReplyingCog):
     async def add_clip(self, interaction: discord.Interaction, name: str, clip: discord.Attachment) -> None:
         guild, member = guild_member(interaction)
         voice = (await find_voice(self.services, guild.id, member.id, name, own=True)).voice
-        data = await self._own_clip(interaction, clip, f"to **{voice.name}**")
-        if data is None:
+        agreed = await self._own_clip(interaction, clip, f"to **{voice.name}**", voice_id=voice.id)
+        if agreed is None:
             return
+        data, consent = agreed
 
         async def work() -> str:
-            now, warnings = await self.voices.add_clips(voice, [(data, clip.filename)], guild_id=guild.id)
+            now, warnings = await self.voices.add_clips(voice, [(data, clip.filename)], consent=consent,
+                                                        guild_id=guild.id)
             clips = 1 if now.clip_ges is None else now.clip_ges.shape[0]
             return "\n".join([f"**{now.name}** now speaks with the timbre of its {clips} clips.",
                                *(f"Note: {w}" for w in warnings)])
@@ -566,15 +581,22 @@ class VoiceCog(ReplyingCog):
             raise UsageError(str(e)) from None
         if len(transcript) > MAX_TRANSCRIPT_CHARS:
             raise UsageError(f"The transcript is {len(transcript)} characters; keep it under {MAX_TRANSCRIPT_CHARS}.")
-        data = await self._own_clip(interaction, clip, f"as style **{style}** of **{voice.name}**")
-        if data is None:
+        agreed = await self._own_clip(interaction, clip, f"as style **{style}** of **{voice.name}**",
+                                      voice_id=voice.id, style=style)
+        if agreed is None:
             return
+        data, consent = agreed
 
         async def work() -> str:
-            now, warnings = await self.voices.add_style(voice, style, data, clip.filename, transcript=transcript,
-                                                        language=language, guild_id=guild.id)
-            return "\n".join([f"**{now.name}** has the style **{style}**: use it with `/say style:{style}`.",
-                               *(f"Note: {w}" for w in warnings)])
+            now, warnings = await self.voices.add_style(voice, style, data, clip.filename, consent=consent,
+                                                        transcript=transcript, language=language, guild_id=guild.id)
+            stored = now.styles.get(style.casefold())
+            # its speech was partly left out, so the transcript was not kept (the first note says which seconds)
+            dropped = bool(transcript.strip()) and stored is not None and not stored.prompt_text
+            head = f"**{now.name}** has the style **{style}**: use it with `/say style:{style}`."
+            if dropped:
+                head += f" The style **{style}** is reference-free: its transcript was not kept (see the first note)."
+            return "\n".join([head, *(f"Note: {w}" for w in warnings)])
 
         await self._finish(interaction, work)
 

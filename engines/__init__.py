@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from engines.base import (
     BERT_DIM,
+    DIFFUSION_FAMILIES,
     FRAME_SAMPLES,
     SAMPLE_RATE,
     SAMPLES_PER_TOKEN,
@@ -26,6 +27,7 @@ from engines.base import (
     SemanticRequest,
     SpeechError,
     VoicePrompt,
+    check_sampler,
     token_sample,
 )
 from engines.loader import load_engine
@@ -51,6 +53,8 @@ __all__ = [
     # the model's fixed facts: Hz, samples per semantic token and per latent frame (and where a token begins at
     # another speed), BERT feature size
     "SAMPLE_RATE", "SSL_SAMPLE_RATE", "SAMPLES_PER_TOKEN", "FRAME_SAMPLES", "token_sample", "BERT_DIM",
+    # the SoVITS families that decode through a DiT sampler, and the sampler options each accepts
+    "DIFFUSION_FAMILIES", "check_sampler",
     # entry points: load one, export/build its graphs, write a random model set (tests, `models make-tiny`)
     "load_engine", "build_engines", "write_model_set",
     # what the benchmarks measure from the inside (the naive baseline, each backend class, torch-side figures):

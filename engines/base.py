@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterator, Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -22,6 +22,9 @@ MAX_DECODE_STEPS = 1500  # upstream's hard cap on GPT steps per sentence (60 s o
 BERT_DIM = 1024  # chinese-roberta-wwm-ext-large hidden size
 MAX_TEMPERATURE = 100.0  # sampling temperature bound (upstream's UI offers 0-1; beyond 100 is uniform noise)
 MAX_REPETITION_PENALTY = 100.0  # repetition penalty bound (upstream's default is 1.35)
+V2_FAMILIES = ("v2", "v2Pro", "v2ProPlus")  # SoVITS families that decode with their own 32 kHz HiFi-GAN
+DIFFUSION_FAMILIES = ("v4", "v5turbo", "v5dev", "v3")  # SoVITS families that decode through a DiT and a vocoder
+FAMILY_RATES = {"v4": 48000, "v5turbo": 48000, "v5dev": 48000, "v3": 24000}  # Hz, output of each diffusion family
 
 
 def decoded_frames(tokens: int, speed: float) -> int:
@@ -83,6 +86,13 @@ class VoicePrompt:
     sv_emb:
         ``[n_refs, sv_dim]`` float32, the speaker-verification features of each reference clip, present exactly when
         the voice was encoded for a v2Pro/v2ProPlus SoVITS (its ``ge`` is then already fused with them); None for v2.
+    family:
+        the SoVITS family that encoded it (``v2``, ``v2Pro``, ``v2ProPlus``, ``v3``, ``v4``, ``v5dev``,
+        ``v5turbo``): a prompt of one family never conditions another.
+    ref_mel:
+        ``[100, R]`` float32, the reference's normalised log-mel at the family's mel rate (``Engine.reference_mel``),
+        the diffusion families' audio prompt; None for the v2 families. The reference's encoder features are not
+        stored: the engine computes them from the tokens, phones and ``ge`` when the voice is used.
     """
 
     prompt_tokens: np.ndarray
@@ -90,6 +100,8 @@ class VoicePrompt:
     prompt_phones: np.ndarray
     prompt_bert: np.ndarray
     sv_emb: np.ndarray | None = None
+    family: str = "v2"
+    ref_mel: np.ndarray | None = None
 
     @property
     def reference_free(self) -> bool:
@@ -205,12 +217,27 @@ class SemanticBatch(Protocol):
 
 
 class Engine(Protocol):
-    """A GPT-SoVITS v2/v2Pro/v2ProPlus backend. Implementations: torch, onnx, tensorrt (see ``load_engine``)."""
+    """A GPT-SoVITS backend (one GPT and one SoVITS of any family). Implementations: torch, onnx, tensorrt (see
+    ``load_engine``)."""
 
     name: str  # "torch", "onnx", "tensorrt"
     device: str  # "cpu", "cuda:0", ...
     precision: str  # "fp32", "fp16", "bf16", "int8"
-    model_id: str  # stable identity of the loaded weights (hash), for cache keys
+    model_id: str  # stable identity of the loaded weights (hash; the vocoder's too), for cache keys
+    family: str  # the loaded SoVITS's family: v2, v2Pro, v2ProPlus, v3, v4, v5dev, v5turbo
+    sample_rate: int  # Hz of decode's output: 32000 (v2 families), 48000 (v4, v5), 24000 (v3)
+    max_context: int  # GPT positions per request: reference phones and tokens, the sentence's phones and tokens
+
+    def load_encoder(self, name: Literal["hubert", "bert"]) -> None:
+        """Load HuBERT (voices are made with it) or the Chinese BERT now, from any thread, so that the first request
+        that needs it does not stall the device thread for the seconds a load takes."""
+        ...
+
+    def reference_mel(self, clip: np.ndarray, rate: int) -> np.ndarray | None:
+        """The diffusion families' audio prompt of a reference clip ``[N]`` float32 at ``rate`` Hz: its normalised
+        log-mel ``[100, R]`` float32 at the family's mel rate (the raw clip, not loudness-normalised, as upstream);
+        None for the v2 families."""
+        ...
 
     def encode_speaker(self, refs32k: Sequence[np.ndarray]) -> np.ndarray | None:
         """v2Pro/v2ProPlus: the speaker-verification features ``[n_refs, sv_dim]`` float32 of each 32 kHz clip (for
@@ -249,9 +276,63 @@ class Engine(Protocol):
         noise_scale: float = 0.5,
         seed: int | None = None,
         noise_offset: int = 0,
+        *,
+        steps: int | None = None,
+        cfg: float | None = None,
     ) -> np.ndarray:
-        """Semantic tokens ``[Ts]`` + target phones ``[Tx]`` -> waveform ``[N]`` float32 @ 32 kHz.
+        """Semantic tokens ``[Ts]`` + target phones ``[Tx]`` -> waveform ``[N]`` float32 at :attr:`sample_rate`.
 
-        ``seed`` makes the prior noise reproducible: it is :func:`prior_noise` of the seed from latent frame
-        ``noise_offset`` on (a piece of a sentence gets the noise the sentence has at its frames)."""
+        ``seed`` makes the noise reproducible: for the v2 families it is :func:`prior_noise` of the seed from latent
+        frame ``noise_offset`` on (a piece of a sentence gets the noise the sentence has at its frames); for the
+        diffusion families the sampler's start noise (their scale is fixed per family: ``noise_scale`` is ignored).
+        ``steps``/``cfg``: the diffusion sampler's steps and guidance (None: the family's defaults); a v2 family
+        refuses them."""
         ...
+
+    def decode_stream(
+        self,
+        tokens: np.ndarray,
+        phones: np.ndarray,
+        voice: VoicePrompt,
+        speed: float = 1.0,
+        noise_scale: float = 0.5,
+        seed: int | None = None,
+        noise_offset: int = 0,
+        *,
+        steps: int | None = None,
+        cfg: float | None = None,
+    ) -> Iterator[np.ndarray]:
+        """:meth:`decode` in pieces as they are made (a diffusion family: one per sampler chunk; a v2 family may
+        yield the whole decode as one piece); the pieces joined equal :meth:`decode`'s waveform."""
+        ...
+
+
+def check_v2_decode(family: str, voice: VoicePrompt, steps: int | None, cfg: float | None) -> None:
+    """Refuse, in one line, what a v2-family SoVITS cannot do: a sampler's ``steps``/``cfg``, or a voice encoded for a
+    diffusion family (its style and mel prompt mean nothing to this model)."""
+    if steps is not None or cfg is not None:
+        raise EngineError(f"steps and cfg set the sampler of the v3/v4/v5 models; the loaded {family} SoVITS has "
+                          "none: leave them unset (or load a v4/v5 model)")
+    if voice.family in DIFFUSION_FAMILIES:
+        raise EngineError(f"this voice was encoded for a {voice.family} SoVITS, the loaded one is {family}; "
+                          "re-encode the voice for this model")
+
+
+V5_SAMPLER_STEPS = (4, 8, 16, 32)  # the step counts upstream's v5 sampler accepts (engines.gpt_sovits.family)
+MAX_CFG = 2.0  # v5's guidance rate bound
+
+
+def check_sampler(family: str, steps: int | None, cfg: float | None) -> None:
+    """Refuse, in one line and before any model work, sampler options ``family`` does not accept (the engine checks
+    them again): v5dev/v5turbo take 4, 8, 16 or 32 steps and cfg in [0, 2], v3/v4 any steps >= 1 (cfg unused).
+    A :class:`SpeechError` (not an engine failure: the request's own values are wrong)."""
+    if family not in DIFFUSION_FAMILIES:
+        return
+    if steps is not None:
+        if family.startswith("v5") and steps not in V5_SAMPLER_STEPS:
+            raise SpeechError(f"{family} samples in {', '.join(map(str, V5_SAMPLER_STEPS))} steps, not {steps}; "
+                              "set steps (api_v2 sample_steps) to one of them")
+        if steps < 1:
+            raise SpeechError(f"steps must be at least 1, got {steps}")
+    if cfg is not None and not (math.isfinite(cfg) and 0.0 <= cfg <= MAX_CFG):
+        raise SpeechError(f"cfg (api_v2 cfg_rate) must be between 0 and {MAX_CFG:g}, got {cfg}")

@@ -20,13 +20,13 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Literal, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from engines.base import (BERT_DIM, ChunkCallback, EngineError, ModelPaths, SemanticBatch, VoicePrompt, decoded_frames,
-                          prior_noise)
+from engines.base import (BERT_DIM, ChunkCallback, EngineError, ModelPaths, SemanticBatch, VoicePrompt,
+                          check_v2_decode, decoded_frames, prior_noise)
 from engines.encoders import LazyEncoders, encode_reference
 from engines.export import MANIFEST, load_manifest, model_key
 from engines.gpt_sovits import cpu_step
@@ -211,6 +211,7 @@ class GraphEngine:
     """
 
     name = "graph"
+    max_context = MAX_CONTEXT
     vocoder_precision = "fp32"  # the ``sovits_decode`` graph's (the onnx engine may run the int8 one on a CPU)
 
     def __init__(self, runner: GraphRunner, manifest: dict[str, Any], *, device: str, precision: str, model_id: str,
@@ -229,6 +230,7 @@ class GraphEngine:
         half = device.startswith("cuda") and precision == "fp16"
         self.encoders = LazyEncoders(hubert_path, bert_path, device, torch.float16 if half else torch.float32)
         self.version = str(manifest["sovits"].get("version", "v2"))
+        self.family = self.version
         self.sv_dim = int(manifest["sovits"].get("sv_dim") or 0)  # 0: a v2 SoVITS, which reads no SV features
         # v2Pro/v2ProPlus: the speaker-verification model (checked now, loaded when the first voice is encoded)
         self.speaker = (LazySpeakerEncoder(sv_path, device, self.sv_dim)
@@ -245,6 +247,15 @@ class GraphEngine:
             cpu_step.set_threads(self.threads)
 
     # ---- Engine protocol -------------------------------------------------------------------------------------
+
+    def load_encoder(self, name: Literal["hubert", "bert"]) -> None:
+        if name == "hubert":
+            self.encoders.hubert()
+        else:
+            self.encoders.bert()
+
+    def reference_mel(self, clip: np.ndarray, rate: int) -> np.ndarray | None:
+        return None  # the v2 families have no mel prompt
 
     @torch.inference_mode()
     def encode_speaker(self, refs32k: Sequence[np.ndarray]) -> np.ndarray | None:
@@ -315,9 +326,17 @@ class GraphEngine:
                                sync_every=1 if self.gpt is not None else SYNC_EVERY)
         return SlotBatch(decoder)
 
+    def decode_stream(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,
+                      noise_scale: float = 0.5, seed: int | None = None, noise_offset: int = 0, *,
+                      steps: int | None = None, cfg: float | None = None) -> Iterator[np.ndarray]:
+        """The whole decode as one piece (the v2 decoder is one graph run)."""
+        yield self.decode(tokens, phones, voice, speed, noise_scale, seed, noise_offset, steps=steps, cfg=cfg)
+
     @torch.inference_mode()
     def decode(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,
-               noise_scale: float = 0.5, seed: int | None = None, noise_offset: int = 0) -> np.ndarray:
+               noise_scale: float = 0.5, seed: int | None = None, noise_offset: int = 0, *,
+               steps: int | None = None, cfg: float | None = None) -> np.ndarray:
+        check_v2_decode(self.family, voice, steps, cfg)
         # a v2 voice's style must never reach a v2Pro model, nor the reverse (the torch engine's rule and message)
         check_voice(voice, self.version, self.sv_dim, int(self.manifest["sovits"]["gin"]))
         return self.decode_with_noise(tokens, phones, voice.ge, speed, noise_scale, seed,

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
-from engines.base import ModelPaths, Engine, EngineError
+from engines.base import DIFFUSION_FAMILIES, ModelPaths, Engine, EngineError, ModelFormatError
 from engines.runtime import cpu_threads, set_cpu_threads
 
 log = logging.getLogger(__name__)
@@ -112,11 +112,56 @@ def choose_backend(backend: str, device: str, precision: str, tensorrt_installed
     return backend
 
 
+# upstream's file names beside the SoVITS file: gsv-v4-pretrained/ and gsv-v5-pretrained/ hold s2G*.pth and
+# vocoder.pth; s2Gv3.pth sits beside the BigVGAN folder
+DEFAULT_VOCODERS = {"v4": "vocoder.pth", "v5turbo": "vocoder.pth", "v5dev": "vocoder.pth",
+                    "v3": "models--nvidia--bigvgan_v2_24khz_100band_256x"}
+
+
+def diffusion_family(models: ModelPaths) -> str | None:
+    """The configured diffusion family when the SoVITS is one ("auto": detected later, from the file), else None.
+
+    ``models.family`` (when the paths have one): a diffusion family, ``auto``, or a v2 family; a v2 family named
+    for a v3/v4/v5 file is a one-line ModelFormatError.
+    """
+    from engines.gpt_sovits.dit_checkpoint import is_dit_sovits
+
+    configured = getattr(models, "family", None)  # like models.sv, optional in a ModelPaths
+    family = None if configured in (None, "auto") else str(configured)
+    if family in DIFFUSION_FAMILIES:
+        return family
+    if not is_dit_sovits(models.sovits):
+        return None
+    if family is not None:
+        raise ModelFormatError(f"{models.sovits} is a v3/v4/v5 SoVITS but models.family is {family}; set "
+                               "models.family to the file's family (v4, v5turbo, v5dev, v3) or auto")
+    return "auto"
+
+
+def vocoder_path(models: ModelPaths, family: str) -> Path:
+    """``models.vocoder``, else upstream's vocoder beside the SoVITS file (``family`` "auto": whichever is there,
+    the v4/v5 one first)."""
+    configured = getattr(models, "vocoder", None)
+    if configured is not None:
+        return Path(configured)
+    folder = Path(models.sovits).parent
+    if family == "auto":
+        there = [folder / name for name in dict.fromkeys(DEFAULT_VOCODERS.values()) if (folder / name).exists()]
+        return there[0] if there else folder / DEFAULT_VOCODERS["v4"]
+    return folder / DEFAULT_VOCODERS[family]
+
+
 def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
-    """Build the configured backend (see :func:`choose_backend`)."""
+    """Build the configured backend (see :func:`choose_backend`); a v3/v4/v5 SoVITS gets the diffusion engine."""
     device = resolve_device(engine.device)
     precision = resolve_precision(engine.precision, device)
     backend = choose_backend(engine.backend, device, precision, importlib.util.find_spec("tensorrt") is not None)
+    diffusion = diffusion_family(models)
+    if diffusion is not None and backend == "tensorrt":
+        if engine.backend != "auto":
+            raise EngineError("engine.backend tensorrt does not run the v3/v4/v5 models yet; set engine.backend: "
+                              "torch (or auto)")
+        backend = "torch"
     threads = cpu_threads(engine.threads)
     if device == "cpu":
         # Only the device worker's thread may own a multi-threaded OpenMP pool. Once a second thread has run torch
@@ -128,6 +173,17 @@ def load_engine(engine: EngineSettings, models: ModelPaths) -> Engine:
         # thread too, its graphs on ONNX Runtime's own non-spinning pool and its GPT steps on the fused step's team.
         set_cpu_threads(1)
     log.info("loading the %s engine on %s (%s)", backend, device, precision)
+
+    if diffusion is not None:
+        if engine.vocoder_precision == "int8":
+            raise EngineError("engine.vocoder_precision int8 is the v2 vocoder's; the v3/v4/v5 vocoders run in the "
+                              "engine's precision: set it to auto or fp32")
+        from engines.diffusion_engine import DiffusionEngine
+
+        return DiffusionEngine.from_files(models, vocoder_path(models, diffusion),
+                                          family=None if diffusion == "auto" else diffusion, name=backend,
+                                          device=device, precision=precision, max_batch=engine.max_batch,
+                                          cuda_graphs=engine.cuda_graphs, threads=threads)
 
     if engine.vocoder_precision == "int8" and (device != "cpu" or backend != "onnx"):
         raise EngineError(f"engine.vocoder_precision: {engine.vocoder_precision} runs on the onnx engine on a CPU "

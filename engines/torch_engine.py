@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Literal, Sequence
 
 import numpy as np
 import torch
 
-from engines.base import ChunkCallback, EngineError, ModelPaths, SemanticBatch, VoicePrompt, decoded_frames, prior_noise
+from engines.base import (SAMPLE_RATE, ChunkCallback, EngineError, ModelPaths, SemanticBatch, VoicePrompt,
+                          check_v2_decode, decoded_frames, prior_noise)
 from engines.encoders import LazyEncoders, encode_reference
 from engines.gpt_sovits import cpu_step
 from engines.gpt_sovits.checkpoint import (file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint, model_id,
@@ -30,6 +31,8 @@ class TorchEngine:
     """GPT-SoVITS v2 on PyTorch. Thread-safety: the GPT and the rest may run on two threads at once."""
 
     name = "torch"
+    sample_rate = SAMPLE_RATE  # Hz: the v2 families' HiFi-GAN
+    max_context = MAX_CONTEXT
 
     def __init__(self, gpt: Text2SemanticModel, sovits: SoVITSDecoder, *, device: str, precision: str,
                  model_id: str, hubert_path: Path | None = None, bert_path: Path | None = None,
@@ -40,6 +43,7 @@ class TorchEngine:
         self.device = device
         self.precision = precision
         self.model_id = model_id
+        self.family = sovits.cfg.version
         self.max_batch = max_batch
         self.threads = threads
         self.cuda_graphs = cuda_graphs and device.startswith("cuda")
@@ -99,9 +103,16 @@ class TorchEngine:
                         "two threads running torch work slow every later GPT step about 2x; call the engine "
                         "only from the synthesis worker", threading.current_thread().name)
 
-    # ---- lazily loaded encoders ------------------------------------------------------------------------------
-
     # ---- Engine protocol -------------------------------------------------------------------------------------
+
+    def load_encoder(self, name: Literal["hubert", "bert"]) -> None:
+        if name == "hubert":
+            self.encoders.hubert()
+        else:
+            self.encoders.bert()
+
+    def reference_mel(self, clip: np.ndarray, rate: int) -> np.ndarray | None:
+        return None  # the v2 families have no mel prompt
 
     @torch.inference_mode()
     def encode_speaker(self, refs32k: Sequence[np.ndarray]) -> np.ndarray | None:
@@ -145,12 +156,20 @@ class TorchEngine:
             decoder.run_step = CudaGraphStep(decoder)
         return SlotBatch(decoder)
 
+    def decode_stream(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,
+                      noise_scale: float = 0.5, seed: int | None = None, noise_offset: int = 0, *,
+                      steps: int | None = None, cfg: float | None = None) -> Iterator[np.ndarray]:
+        """The whole decode as one piece (the v2 decoder is one parallel pass)."""
+        yield self.decode(tokens, phones, voice, speed, noise_scale, seed, noise_offset, steps=steps, cfg=cfg)
+
     @torch.inference_mode()
     def decode(self, tokens: np.ndarray, phones: np.ndarray, voice: VoicePrompt, speed: float = 1.0,
-               noise_scale: float = 0.5, seed: int | None = None, noise_offset: int = 0) -> np.ndarray:
+               noise_scale: float = 0.5, seed: int | None = None, noise_offset: int = 0, *,
+               steps: int | None = None, cfg: float | None = None) -> np.ndarray:
         self._check_thread()
-        cfg = self.sovits.cfg  # a v2 voice's style must never reach a v2Pro model, nor the reverse
-        check_voice(voice, cfg.version, cfg.sv_dim, cfg.gin_channels)
+        check_v2_decode(self.family, voice, steps, cfg)
+        model = self.sovits.cfg  # a v2 voice's style must never reach a v2Pro model, nor the reverse
+        check_voice(voice, model.version, model.sv_dim, model.gin_channels)
         if np.asarray(tokens).size == 0 or np.asarray(phones).size == 0:  # as the graph engines say it
             raise EngineError("SoVITS decode needs at least one semantic token and one phone")
         dev = self.device
@@ -160,7 +179,7 @@ class TorchEngine:
         eps = None
         if noise_scale != 0:  # the graph engines' draw (on the host: the same numbers on any device)
             frames = decoded_frames(codes.shape[-1], speed)
-            eps = torch.as_tensor(prior_noise(seed, cfg.inter_channels, frames, noise_offset), device=dev)
+            eps = torch.as_tensor(prior_noise(seed, model.inter_channels, frames, noise_offset), device=dev)
         wav = self.sovits.decode(codes, text, ge.to(self._sovits_dtype), speed=speed, noise_scale=noise_scale,
                                  eps=eps)
         return wav[0, 0].float().cpu().numpy()

@@ -11,11 +11,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from engines import SAMPLE_RATE, EngineError, SpeechError
+from synthesis.backend import SpeechBackend, VoiceMaker
 from synthesis.types import (
     LANGUAGES,
     SPLIT_METHODS,
     AudioChunk,
     AudioInputError,
+    AudioStream,
     BusyError,
     DeadlineError,
     Limits,
@@ -30,8 +32,8 @@ if TYPE_CHECKING:
     from synthesis.audio import StreamEncoder, StreamResampler, encode_audio, read_upload_file, resample
     from synthesis.cache import SynthesisCache
     from synthesis.pipeline import Synthesizer
-    from synthesis.cluster import ClusterOptions
-    from synthesis.remote import RemoteSynthesizer, connect_cluster
+    from synthesis.cluster.client import RemoteSynthesizer, connect_cluster
+    from synthesis.cluster.options import ClusterOptions
     from synthesis.scheduler import DeviceWorker
     from synthesis.text import (Lexicon, LexiconError, check_speakable, configure_frontend, explain_text, make_entry,
                                 speakable_languages, text_to_phonemes)
@@ -41,10 +43,12 @@ if TYPE_CHECKING:
 __all__ = [
     # the pipeline and what it is built from (bot/services.py wires them); a voice name's check, before any work
     "Synthesizer", "Limits", "DeviceWorker", "SynthesisCache", "VoiceStore", "check_name",
-    # the same surface on Ray Serve replicas (synthesis.remote; ray itself is imported only when one connects)
+    # the same surface on Ray Serve replicas (synthesis.cluster; ray itself is imported only when one connects)
     "RemoteSynthesizer", "ClusterOptions", "connect_cluster",
-    # what crosses the surface: per-call options, a voice, a chunk of audio, the protocol fakes implement
-    "SynthesisParams", "Voice", "AudioChunk", "SpeechSynthesizer", "LANGUAGES", "SPLIT_METHODS", "SAMPLE_RATE",
+    # what crosses the surface: per-call options, a voice, a chunk of audio and a request's stream of them
+    "SynthesisParams", "Voice", "AudioChunk", "AudioStream", "LANGUAGES", "SPLIT_METHODS", "SAMPLE_RATE",
+    # what the bot is typed against: a synthesizer whole (local or remote), its voice work, its speech alone
+    "SpeechBackend", "VoiceMaker", "SpeechSynthesizer",
     # errors: the root, and the ones a front-end answers differently (busy, late, no such voice, a voice that
     # cannot be stored as asked, a bad upload)
     "SpeechError", "EngineError", "BusyError", "DeadlineError", "VoiceNotFound", "VoiceError", "AudioInputError",
@@ -65,7 +69,8 @@ __all__ = [
 
 _LAZY = {  # name -> the module that defines it, imported on first use
     "Synthesizer": "synthesis.pipeline",
-    "RemoteSynthesizer": "synthesis.remote", "connect_cluster": "synthesis.remote", "ClusterOptions": "synthesis.cluster",
+    "RemoteSynthesizer": "synthesis.cluster.client", "connect_cluster": "synthesis.cluster.client",
+    "ClusterOptions": "synthesis.cluster.options",
     "DeviceWorker": "synthesis.scheduler",
     "SynthesisCache": "synthesis.cache", "VoiceStore": "synthesis.voices", "check_name": "synthesis.voices",
     "VoiceError": "synthesis.voices",

@@ -101,7 +101,7 @@ class SynthesisCache:
     @staticmethod
     def prosody_key(
         model_id: str, voice_id: str, voice_version: int, text: str, language: str, sampling: Mapping[str, Any],
-        *, reading: str = "", style: str = "",
+        *, reading: str = "", style: str = "", family: str = "",
     ) -> str:
         """The prosody cache key: a SHA-256 hex digest over everything that changes the GPT's output.
 
@@ -116,6 +116,7 @@ class SynthesisCache:
             BERT layout), so that another reading of the same text (a front-end change, a pronunciation-dictionary
             entry, G2PW installed) never hits tokens made for the old one.
         style: the voice's named style the GPT was prompted with ("" = its main clip): a style is its own prompt.
+        family: the SoVITS family the voice's prompt was made for (``Engine.family``).
         """
         payload = {
             "schema": KEY_SCHEMA,
@@ -130,20 +131,26 @@ class SynthesisCache:
             payload["reading"] = reading
         if style:  # (absent for the main clip, so the keys made before styles existed still hit)
             payload["style"] = style
+        if family not in ("", "v2", "v2Pro", "v2ProPlus"):  # (absent for these, whose keys predate the field)
+            payload["family"] = family
         return _digest(payload)
 
     @staticmethod
-    def audio_key(prosody_key: str, speed: float, noise_scale: float, seed: int | str, *, timbre: str = "") -> str:
+    def audio_key(prosody_key: str, speed: float, noise_scale: float, seed: int | str, *, timbre: str = "",
+                  family: str = "", steps: int | None = None, cfg: float | None = None) -> str:
         """The audio cache key: the prosody key plus the SoVITS decode options.
 
         ``seed`` is the request's seed; -1 (or a marker such as ``"any"``) for a random-seed request. ``timbre``:
         the clips whose ``ge`` was averaged for the decode when other voices' were (``synthesis.styles``), else "".
+        ``family``, ``steps``, ``cfg``: a diffusion family's sampler (None: its defaults); "" for the v2 families.
         """
         seed_value: int | str = seed if isinstance(seed, str) else int(seed)
         payload: dict[str, Any] = {"schema": KEY_SCHEMA, "prosody": prosody_key, "speed": float(speed),
                                    "noise_scale": float(noise_scale), "seed": seed_value}
         if timbre:  # (absent for a voice's own clips, so the keys made before aux references existed still hit)
             payload["timbre"] = timbre
+        if family:  # (absent for the v2 families, whose decode has no sampler)
+            payload["sampler"] = {"family": family, "steps": steps, "cfg": None if cfg is None else float(cfg)}
         return _digest(payload)
 
     def cacheable(self, sampling: Mapping[str, Any]) -> bool:

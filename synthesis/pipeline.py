@@ -15,17 +15,18 @@ import dataclasses
 import logging
 import math
 import time
-from typing import AsyncIterator, Awaitable, Callable, NamedTuple, TypeAlias
+from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, NamedTuple, TypeAlias
 
 import numpy as np
 
-from engines import SAMPLE_RATE, Engine, SamplingParams, SemanticRequest, SpeechError, VoicePrompt
+from engines import DIFFUSION_FAMILIES, SAMPLE_RATE, Engine, SamplingParams, SemanticRequest, SpeechError, VoicePrompt
+from synthesis.admission import Admission, AdmittedStream
 from synthesis.cache import SynthesisCache
 from synthesis.metrics import PipelineStats
 from synthesis.scheduler import LIVE, Clock, Deadline, DeviceWorker, Playback
-from synthesis.stages import EARLY_MAX_SPEED, EarlyAudio, SentenceJob, Stages, at_speed, finish
+from synthesis.stages import EARLY_MAX_SPEED, EarlyAudio, SampledAudio, SentenceJob, Stages, at_speed, finish
 from synthesis.text import SentenceStream, split_sentences, text_to_phonemes
-from synthesis.types import AudioChunk, BusyError, DeadlineError, Limits, SynthesisParams, Voice, VoiceNotFound
+from synthesis.types import AudioChunk, DeadlineError, Limits, SynthesisParams, Voice
 from synthesis.voices import VoiceStore
 from synthesis.voicing import Voicing
 
@@ -39,11 +40,12 @@ FIRST_WAIT_SHARE = 0.5
 
 
 class _InFlight(NamedTuple):
-    """A sentence handed from the producer to the consumer: its render task, its job, its early audio (if any)."""
+    """A sentence handed from the producer to the consumer: its render task, its job, its audio that goes out before
+    the sentence is decoded whole (early windows, or a diffusion family's pieces), if any."""
 
     task: asyncio.Task[AudioChunk]
     job: SentenceJob
-    early: EarlyAudio | None
+    early: EarlyAudio | SampledAudio | None
 
 
 # the producer -> consumer queue: a sentence, the producer's failure, or None (the text ended)
@@ -78,7 +80,8 @@ class Synthesizer:
         self.stats = PipelineStats()
         self.stages = Stages(worker, cache, self.stats)
         self.voicing = Voicing(self.stages, voices, self.limits, self.defaults)
-        self._admitted = 0  # live requests between their stream() call and the end of their stream
+        # live requests between their stream() call and the end of their stream
+        self.admission = Admission(lambda: self.limits.queue_size, self.stats.counters)
 
     @property
     def engine(self) -> Engine:
@@ -92,6 +95,11 @@ class Synthesizer:
     @property
     def engine_name(self) -> str:
         return self.engine.name
+
+    @property
+    def sample_rate(self) -> int:
+        """Hz of the audio this synthesizer speaks (the loaded model's: 32000, v4/v5 48000, v3 24000)."""
+        return self.engine.sample_rate
 
     @property
     def device(self) -> str:
@@ -108,13 +116,13 @@ class Synthesizer:
     @property
     def busy(self) -> bool:
         """True when a new live request would be refused (``limits.queue_size`` requests are admitted)."""
-        return self._admitted >= self.limits.queue_size
+        return self.admission.busy
 
     # ---- speech ------------------------------------------------------------------------------------------------
 
     def stream(self, text: str | AsyncIterator[str], voice: Voice | str,
                params: SynthesisParams | None = None, *, deadline: float | None = None,
-               priority: int = LIVE) -> AsyncIterator[AudioChunk]:
+               priority: int = LIVE) -> AdmittedStream:
         """Yield audio sentence by sentence.
 
         Parameters
@@ -131,25 +139,14 @@ class Synthesizer:
         before any work. Closing the iterator or cancelling the consuming task stops the model work within one
         GPT step.
         """
-        if priority == LIVE:
-            if self._admitted >= self.limits.queue_size:
-                self.counters["busy"] += 1
-                return _refused(BusyError(
-                    f"the speech queue is full ({self.limits.queue_size} requests are being spoken or waiting); "
-                    "try again in a moment"))
-            self._admitted += 1
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released and priority == LIVE:
-                released = True
-                self._admitted -= 1
-
-        return _AdmittedStream(self._stream(text, voice, params, deadline, priority, release), release)
+        return self.admission.stream(
+            lambda release: self._stream(text, voice, params, deadline, priority, release),
+            lambda: (f"the speech queue is full ({self.limits.queue_size} requests are being spoken or waiting); "
+                     "try again in a moment"), admitted=priority == LIVE)
 
     async def _stream(self, text: str | AsyncIterator[str], voice: Voice | str, params: SynthesisParams | None,
-                      deadline: float | None, priority: int, release: Callable[[], None]) -> AsyncIterator[AudioChunk]:
+                      deadline: float | None, priority: int, release: Callable[[], None]
+                      ) -> AsyncGenerator[AudioChunk, None]:
         """The body of :meth:`stream` for an admitted request: one producer, this consumer, in sentence order."""
         try:
             p = params or self.defaults
@@ -182,7 +179,8 @@ class Synthesizer:
                         waited.wait_s = math.inf
                     partial = await item.early.next_chunk() if item.early is not None else None
                     chunk = partial if partial is not None else await item.task
-                    if partial is not None and self._admitted > 1 and audio_s == 0.0:
+                    if isinstance(item.early, EarlyAudio) and partial is not None and \
+                            self.admission.in_flight > 1 and audio_s == 0.0:
                         # Another request speaks too and this one has not started: the early words go out with the
                         # rest of their sentence, the same samples one chunk later, and no more windows are
                         # decoded (see _produce). Beside another stream the rest cannot follow the early words in
@@ -198,7 +196,7 @@ class Synthesizer:
                     if audio_s == 0.0:
                         self.stats.ttfa_s.append(time.perf_counter() - started)
                         playing_from = self.clock()
-                    audio_s += chunk.audio.size / SAMPLE_RATE
+                    audio_s += chunk.audio.size / chunk.sample_rate
                     playback.runs_out = playing_from + audio_s  # (played from the first chunk on, as it comes)
                     yield chunk
                     if partial is None:
@@ -239,11 +237,14 @@ class Synthesizer:
                                   Deadline(wait_s, at=overall, opens=index == 0, playback=playback), priority,
                                   (request, index))
                 tokens = at_speed(self.limits.first_chunk_tokens, p.speed)
-                wanted = None if p.seed != -1 else lambda: self._admitted <= 1 or playback.speaking
-                early = EarlyAudio(self.stages, job, tokens, wanted) \
-                    if index == 0 and tokens > 0 and p.speed <= EARLY_MAX_SPEED else None
+                wanted = None if p.seed != -1 else lambda: self.admission.in_flight <= 1 or playback.speaking
+                early: EarlyAudio | SampledAudio | None = None
+                if self.engine.family in DIFFUSION_FAMILIES:  # each sentence speaks its sampler's chunks as they come
+                    early = SampledAudio()
+                elif index == 0 and tokens > 0 and p.speed <= EARLY_MAX_SPEED:
+                    early = EarlyAudio(self.stages, job, tokens, wanted)
                 gpt_done = asyncio.Event()
-                out = early.first_out if early is not None else asyncio.Event()
+                out = early.first_out if isinstance(early, EarlyAudio) else asyncio.Event()
                 item = _InFlight(asyncio.create_task(self._render(job, early, (previous_gpt, gpt_done),
                                                                   (previous_out, out))), job, early)
                 previous_gpt, previous_out = gpt_done, out
@@ -258,7 +259,7 @@ class Synthesizer:
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
             await order.put(e)
 
-    async def _render(self, job: SentenceJob, early: EarlyAudio | None,
+    async def _render(self, job: SentenceJob, early: EarlyAudio | SampledAudio | None,
                       gpt: tuple[asyncio.Event | None, asyncio.Event],
                       out: tuple[asyncio.Event | None, asyncio.Event]) -> AudioChunk:
         """One sentence through the stages.
@@ -275,7 +276,8 @@ class Synthesizer:
         try:
             await self.stages.phonemize(job)
             if not self.stages.cached_audio(job):
-                await self.stages.prosody(job, after=after, on_tokens=early.feed if early is not None else None)
+                await self.stages.prosody(job, after=after,
+                                          on_tokens=early.feed if isinstance(early, EarlyAudio) else None)
                 gpt_done.set()
                 if before is not None:
                     await before.wait()
@@ -289,7 +291,7 @@ class Synthesizer:
 
     async def synthesize(self, text: str, voice: Voice | str,
                          params: SynthesisParams | None = None) -> tuple[np.ndarray, list[AudioChunk]]:
-        """The whole text as one waveform ``[N]`` float32 @ 32 kHz, plus the chunks (for timings)."""
+        """The whole text as one waveform ``[N]`` float32 at :attr:`sample_rate`, plus the chunks (for timings)."""
         chunks = [c async for c in self.stream(text, voice, params)]
         audio = np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, np.float32)
         return audio, chunks
@@ -302,13 +304,7 @@ class Synthesizer:
         """A voice given by id or name, read from the store off the event loop (the store reads files and SQLite)."""
         if isinstance(voice, Voice):
             return voice
-        return await asyncio.to_thread(self._lookup_voice, voice)
-
-    def _lookup_voice(self, key: str) -> Voice:
-        try:
-            return self.voices.get(key)
-        except VoiceNotFound:
-            return self.voices.find(key)
+        return await asyncio.to_thread(self.voices.lookup, voice)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -333,11 +329,15 @@ class Synthesizer:
         request = SemanticRequest(ph.ids, np.zeros((1024, ph.ids.size), np.float32), prompt,
                                   SamplingParams(seed=0, early_stop_num=WARM_UP_TOKENS))
         tokens, _ = await self.worker.semantic(request)
+        if engine.family in DIFFUSION_FAMILIES:  # their decode needs a transcript's tokens and phones, and a mel prompt
+            mel = await self.worker.call(lambda: engine.reference_mel(silence, SAMPLE_RATE))
+            prompt = dataclasses.replace(prompt, prompt_tokens=np.asarray(tokens, np.int64), prompt_phones=ph.ids,
+                                         family=engine.family, ref_mel=mel)
         await self.worker.call(lambda: engine.decode(tokens, ph.ids, prompt, 1.0, 0.5, 0))
 
     def metrics(self) -> dict[str, object]:
         """Counters, hit ratios, recent timings and the engine, for ``/metrics``."""
-        return {**self.stats.snapshot(queue_depth=self.worker.queue_depth, inflight=self._admitted,
+        return {**self.stats.snapshot(queue_depth=self.worker.queue_depth, inflight=self.admission.in_flight,
                                       engine=self.engine.name, device=self.engine.device,
                                       precision=self.engine.precision),
                 "cache_write_failures": self.cache.write_failures}
@@ -351,7 +351,7 @@ class Synthesizer:
 
 async def stream_sentences(text: str | AsyncIterator[str], p: SynthesisParams, limits: Limits) -> AsyncIterator[str]:
     """The sentences of ``stream``'s text argument, each as soon as it is certainly complete: the argument handling
-    of :meth:`Synthesizer.stream`, one body for the local pipeline and the remote client (``synthesis.remote``).
+    of :meth:`Synthesizer.stream`, one body for the local pipeline and the remote client (``synthesis.cluster.client``).
 
     A string is checked against ``limits.max_text_chars`` and split at once; streamed pieces go through a
     :class:`~synthesis.text.SentenceStream`, which emits a sentence at its end, at ``limits.stream_max_chars``
@@ -414,40 +414,3 @@ async def _cancel_in_flight(producer: asyncio.Task[None], current: _InFlight | N
         if isinstance(item, _InFlight):
             leftovers += _cancel(item)
     await asyncio.gather(*leftovers, return_exceptions=True)
-
-
-class _AdmittedStream:
-    """An admitted request's chunks; gives its admission back once, however the stream ends.
-
-    Ending covers exhaustion, an error, ``aclose()`` (also of a stream that was never iterated, whose body
-    never ran) and, as a last resort, garbage collection.
-    """
-
-    def __init__(self, chunks: AsyncIterator[AudioChunk], release: Callable[[], None]) -> None:
-        self._chunks = chunks
-        self._release = release
-
-    def __aiter__(self) -> _AdmittedStream:
-        return self
-
-    async def __anext__(self) -> AudioChunk:
-        try:
-            return await anext(self._chunks)
-        except BaseException:
-            self._release()
-            raise
-
-    async def aclose(self) -> None:
-        try:
-            await self._chunks.aclose()  # type: ignore[attr-defined]
-        finally:
-            self._release()
-
-    def __del__(self) -> None:
-        self._release()
-
-
-async def _refused(error: BaseException) -> AsyncIterator[AudioChunk]:
-    """A stream that raises ``error`` at its first step (a request that was not admitted)."""
-    raise error
-    yield  # pragma: no cover - makes this an async generator

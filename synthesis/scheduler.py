@@ -57,11 +57,8 @@ class WorkerClosed(SpeechError):
     """The synthesis worker has shut down."""
 
 
-# A speaking request with less audio than this left to play: its work goes first (see Playback). bench-streams
-# --pace 2 (real size, 2-core AMD EPYC Zen 4 running AVX2 kernels, about 4x real time in all): 4 streams, more than
-# the 2 cores keep up with, had no gap in 2 runs with 3 s (the fourth stream started after 10.6-11.2 s, once the
-# others had audio in hand), gaps of 0.2-1.25 s in 3 of 4 runs with 1.5 s and 0.3-1.9 s in 2 of 2 with 0.75 s;
-# 2 and 3 streams started as early with each (no gap in any run).
+# A speaking request with less audio than this left to play: its work goes first (see Playback). Shorter guards let
+# more streams than the cores keep up with break each other's speech (see FINDINGS.md#playback-guard).
 LOW_BUFFER_S = 3.0
 
 
@@ -189,12 +186,10 @@ class DeviceWorker:
         self.engine = engine
         self.clock = clock  # the time deadlines are measured in (tests may pass a virtual clock)
         # On a CPU the two kinds of work share the same cores, and their BLAS thread pools must not belong to two
-        # threads: measured on 2 cores, a GEMV called from a second thread that also uses the pool ran 3.4x slower
-        # (single-threaded). So on a CPU one device thread interleaves them, a GPT step or a vocoder call at a
-        # time, earliest sentence first. On a GPU two threads overlap them. Measured again with the onnx engine
-        # (fused step + ONNX Runtime vocoder, own pools; AVX2 kernels on a 2-core Zen 4, cold 3-sentence pipeline,
-        # 3 runs each): one thread RTF 0.34-0.40, first audio 0.49-0.57 s; two overlapping lanes at 2 threads each
-        # 0.38-0.41 / 0.59-0.61 s; the vocoder lane at 1 thread 0.41-0.50 / 0.59-0.64 s.
+        # threads (a GEMV from a second thread using the pool ran several times slower). So on a CPU one device
+        # thread interleaves them, a GPT step or a vocoder call at a time, earliest sentence first; two lanes were
+        # slower with the onnx engine's own pools too (see FINDINGS.md#one-device-thread-on-a-cpu). On a GPU two
+        # threads overlap them.
         self.overlap = (not engine.device.startswith("cpu")) if overlap is None else overlap
         self._seq = itertools.count()
         self._gpt_queue: queue.PriorityQueue[tuple[int, tuple[Any, ...], int, _GptJob]] = queue.PriorityQueue()
@@ -305,10 +300,8 @@ class DeviceWorker:
     # ---- the loops ------------------------------------------------------------------------------------------
 
     def _bind(self) -> None:
-        """Let the engine set up the calling thread (CPU thread count) if it needs to."""
-        bind = getattr(self.engine, "bind_thread", None)
-        if bind is not None:
-            bind()
+        """Let the engine set up the calling thread (CPU thread count, a CUDA stream)."""
+        self.engine.bind_thread()
 
     def _device_loop(self) -> None:
         """One thread for everything: the most urgent of (next vocoder call, next GPT step) runs next."""

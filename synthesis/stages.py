@@ -5,7 +5,8 @@ A sentence is one :class:`SentenceJob`; each stage reads what the ones before it
 * :meth:`Stages.phonemize`: text -> phone ids, the sentence's seed and its cache keys;
 * :meth:`Stages.cached_audio`: the audio cache, looked up first (a hit skips the GPT and SoVITS);
 * :meth:`Stages.prosody`: semantic tokens from the prosody cache, else BERT (zh) + the GPT on the device worker;
-* :meth:`Stages.vocode`: SoVITS on the device worker (optionally with :class:`EarlyAudio`), faded, cached;
+* :meth:`Stages.vocode`: SoVITS on the device worker (optionally with :class:`EarlyAudio`, or a diffusion family's
+  sampler chunks as they come, :class:`SampledAudio`), faded, cached;
 * :func:`finish`: the sentence's :class:`~synthesis.types.AudioChunk`, followed by its pause.
 
 Every model call goes through the :class:`~synthesis.scheduler.DeviceWorker` with the job's priority, order and
@@ -25,8 +26,9 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
-from engines import FRAME_SAMPLES, SAMPLE_RATE, Engine, SamplingParams, SemanticRequest, token_sample
-from synthesis.audio import fade_edges, raised_cosine
+from engines import (DIFFUSION_FAMILIES, FRAME_SAMPLES, SAMPLE_RATE, Engine, SamplingParams, SemanticRequest,
+                     check_sampler, token_sample)
+from synthesis.audio import FADE_S, fade_edges, raised_cosine
 from synthesis.cache import SynthesisCache
 from synthesis.metrics import PipelineStats
 from synthesis.scheduler import LIVE, Deadline, DeviceWorker
@@ -72,8 +74,8 @@ class SentenceJob:
     priority, order: the worker's ordering (:data:`~synthesis.scheduler.LIVE` first, then (request, sentence)).
     ph, seed, prosody_key, audio_key, cached: filled by :meth:`Stages.phonemize`.
     tokens: ``[Ts]`` int64 semantic tokens, filled by :meth:`Stages.prosody`.
-    audio: ``[N]`` float32 @ 32 kHz, the whole sentence, filled by :meth:`Stages.cached_audio` or
-        :meth:`Stages.vocode`; ``emitted`` of its first samples already went out early.
+    audio: ``[N]`` float32 @ ``sample_rate`` (the engine's), the whole sentence, filled by
+        :meth:`Stages.cached_audio` or :meth:`Stages.vocode`; ``emitted`` of its first samples already went out early.
     timings: ``gpt_s``, ``sovits_s``, ``prosody_hit``, ``audio_hit`` (what the chunk reports).
     """
 
@@ -92,6 +94,7 @@ class SentenceJob:
     tokens: np.ndarray | None = None
     audio: np.ndarray | None = None
     emitted: int = 0
+    sample_rate: int = SAMPLE_RATE  # Hz of ``audio`` (the engine's, set by phonemize)
     timings: dict[str, float] = field(default_factory=lambda: {"gpt_s": 0.0, "sovits_s": 0.0, "prosody_hit": 0.0,
                                                                "audio_hit": 0.0})
 
@@ -130,12 +133,24 @@ class Stages:
     async def phonemize(self, job: SentenceJob) -> None:
         """Text front-end (off the event loop), then the sentence's seed and cache keys."""
         p = job.params
+        family = self.engine.family
+        check_sampler(family, p.steps, p.cfg)  # before any model work: a bad value costs nothing
+        job.sample_rate = self.engine.sample_rate
         job.ph = await asyncio.to_thread(text_to_phonemes, job.text, p.language, p.lexicon)
         job.seed = sentence_seed(p.seed, job.ph.norm_text)
         job.prosody_key = self.prosody_key(job.voice, job.ph, p)
+        steps, cfg = self.sampler(p)
         job.audio_key = self.cache.audio_key(job.prosody_key, p.speed, p.noise_scale,
-                                             p.seed if p.seed != -1 else "any", timbre=job.voice.timbre)
+                                             p.seed if p.seed != -1 else "any", timbre=job.voice.timbre,
+                                             family=family if family in DIFFUSION_FAMILIES else "",
+                                             steps=steps, cfg=cfg)
         job.cached = self.cacheable(p)
+
+    def sampler(self, p: SynthesisParams) -> tuple[int | None, float | None]:
+        """The request's diffusion sampler options for the loaded family; (None, None) for a v2 family, which has
+        no sampler (upstream's clients send ``sample_steps`` whatever the model: it is ignored there, as upstream
+        does)."""
+        return (p.steps, p.cfg) if self.engine.family in DIFFUSION_FAMILIES else (None, None)
 
     def cacheable(self, p: SynthesisParams) -> bool:
         """May this request's results be stored and served? (``SynthesisCache.cacheable``: the seed policy)."""
@@ -157,7 +172,7 @@ class Stages:
         return self.cache.prosody_key(self.engine.model_id, voice.id, voice.version,
                                       normalize_for_cache(ph.norm_text),
                                       "+".join(piece.lang for piece in ph.pieces), sampling, reading=ph.reading_key,
-                                      style=voice.style)
+                                      style=voice.style, family=self.engine.family)
 
     # ---- prosody (cache | GPT) ---------------------------------------------------------------------------------
 
@@ -211,29 +226,34 @@ class Stages:
     async def load_bert_for(self, ph: Phonemes) -> None:
         """Load BERT in a helper thread before the first Chinese text needs it: the load takes seconds, and on the
         single device thread it would stall every other listener's speech meanwhile (issue 14)."""
-        encoders = getattr(self.engine, "encoders", None)  # the engines that use BERT load it lazily there
-        if encoders is not None and any(piece.lang == "zh" for piece in ph.pieces):
-            await asyncio.to_thread(encoders.bert)
+        if any(piece.lang == "zh" for piece in ph.pieces):
+            await asyncio.to_thread(self.engine.load_encoder, "bert")
 
     # ---- vocode (cache | SoVITS) -------------------------------------------------------------------------------
 
     async def decode(self, job: SentenceJob, tokens: np.ndarray, speed: float, noise_offset: int = 0) -> np.ndarray:
-        """SoVITS on the device worker: ``[N]`` float32 @ 32 kHz for ``tokens``, with the sentence's prior noise from
-        latent frame ``noise_offset`` on (a piece of a sentence: see :class:`Spoken`)."""
+        """SoVITS on the device worker: ``[N]`` float32 at the engine's rate for ``tokens``, with the sentence's prior
+        noise from latent frame ``noise_offset`` on (a piece of a sentence: see :class:`Spoken`)."""
         ph, p, prompt = job.phonemes, job.params, job.voice.prompt
+        steps, cfg = self.sampler(p)
         audio = await self.worker.call(
-            lambda: self.engine.decode(tokens, ph.ids, prompt, speed, p.noise_scale, job.seed, noise_offset),
+            lambda: self.engine.decode(tokens, ph.ids, prompt, speed, p.noise_scale, job.seed, noise_offset,
+                                       steps=steps, cfg=cfg),
             priority=job.priority, order=job.order, deadline=job.deadline)
         return np.asarray(audio, dtype=np.float32)
 
-    async def vocode(self, job: SentenceJob, early: EarlyAudio | None = None) -> None:
+    async def vocode(self, job: SentenceJob, early: EarlyAudio | SampledAudio | None = None) -> None:
         """``job.audio``: the whole sentence, faded, cached; where ``early`` spoke its first part already, that part
-        as it went out followed by the rest, decoded from a little before it (:class:`EarlyAudio`)."""
+        as it went out followed by the rest, decoded from a little before it (:class:`EarlyAudio`); with
+        :class:`SampledAudio`, decoded piece by piece, each piece out as it is made."""
         assert job.tokens is not None, "prosody runs first"
         t0 = time.perf_counter()
-        spoken = await early.spoken() if early is not None else None  # every window that went out, all done
-        if spoken is None:
-            job.audio = fade_edges(await self.decode(job, job.tokens, job.params.speed))
+        spoken = await early.spoken() if isinstance(early, EarlyAudio) else None  # every window out, all done
+        if isinstance(early, SampledAudio):
+            job.audio, job.emitted = await self.sampled(job, early)
+        elif spoken is None:
+            job.audio = fade_edges(await self.decode(job, job.tokens, job.params.speed),
+                                   sample_rate=job.sample_rate)
         else:
             size = job.tokens.size - spoken.start
             rest = await self.decode(job, job.tokens[spoken.start:], spoken.speed, spoken.noise_offset(size))
@@ -244,6 +264,33 @@ class Stages:
         # outlive the deletion of an aux voice whose timbre it carries
         if job.cached and not job.voice.timbre:
             self.cache.put_audio(job.audio_key, job.audio, job.voice.id)
+
+    async def sampled(self, job: SentenceJob, out: SampledAudio) -> tuple[np.ndarray, int]:
+        """A diffusion family's sentence through :meth:`Engine.decode_stream`, one worker call per sampler chunk:
+        each chunk's samples go to ``out`` as soon as it is made, but the last :data:`FADE_S`, which the sentence's
+        fade-out may still cover. Returns the whole sentence faded (what :meth:`decode` gives, faded) and how many of
+        its samples went out; those are exactly its first ones."""
+        assert job.tokens is not None, "prosody runs first"
+        ph, p, prompt, tokens = job.phonemes, job.params, job.voice.prompt, job.tokens
+        steps, cfg = self.sampler(p)
+        pieces = self.engine.decode_stream(tokens, ph.ids, prompt, p.speed, p.noise_scale, job.seed, steps=steps,
+                                           cfg=cfg)
+        fade = int(round(FADE_S * job.sample_rate))
+        t0 = time.perf_counter()
+        got: list[np.ndarray] = []
+        sent = 0
+        while (piece := await self.worker.call(lambda: next(pieces, None), priority=job.priority, order=job.order,
+                                               deadline=job.deadline)) is not None:
+            got.append(np.asarray(piece, dtype=np.float32))
+            whole = np.concatenate(got)
+            upto = whole.size - fade
+            if whole.size >= 2 * fade and upto > sent:  # (the fade-in is then as long as the whole sentence's)
+                faded = fade_edges(whole, tail=False, sample_rate=job.sample_rate)
+                out.put(AudioChunk(faded[sent:upto], job.text, job.index, job.sample_rate,
+                                   {**job.timings, "sovits_s": time.perf_counter() - t0, "partial": 1.0}))
+                sent = upto
+        whole = np.concatenate(got) if got else np.zeros(0, np.float32)
+        return fade_edges(whole, sample_rate=job.sample_rate), sent
 
 
 @dataclass
@@ -420,15 +467,51 @@ class EarlyAudio:
         self._sent = Spoken(upto, whole, tail, speed, offset + (piece.size - tail.size) // FRAME_SAMPLES)
         timings = {"gpt_s": 0.0, "sovits_s": time.perf_counter() - t0, "prosody_hit": 0.0, "audio_hit": 0.0,
                    "partial": 1.0}
-        self._chunks.put_nowait(AudioChunk(audio, self.job.text, self.job.index, SAMPLE_RATE, timings))
+        self._chunks.put_nowait(AudioChunk(audio, self.job.text, self.job.index, self.job.sample_rate, timings))
         self.first_out.set()
+
+
+class SampledAudio:
+    """The vocode stage's pieces of a diffusion family's sentence (:meth:`Stages.sampled`): each sampler chunk goes
+    out as soon as it is decoded, so a long sentence speaks after its first chunk's steps, not after all of them.
+    Unlike :class:`EarlyAudio` it adds no model work (the pieces are the sentence's own decode), so a request that
+    shares the device with others sends them all the same."""
+
+    def __init__(self) -> None:
+        self._chunks: asyncio.Queue[AudioChunk | None] = asyncio.Queue()
+        self._closed = False
+        self._ended = False  # the listener has taken the end mark
+
+    def put(self, chunk: AudioChunk) -> None:
+        """A piece for the listener (none after :meth:`close`)."""
+        if not self._closed:
+            self._chunks.put_nowait(chunk)
+
+    def close(self) -> None:
+        """No more pieces: the sentence's rest comes as its render's chunk (or its error)."""
+        if not self._closed:
+            self._closed = True
+            self._chunks.put_nowait(None)
+
+    def cancel(self) -> None:
+        """Nothing of its own runs (the render task decodes): only close."""
+        self.close()
+
+    async def next_chunk(self) -> AudioChunk | None:
+        """The next piece; None once no more will come."""
+        if self._ended:
+            return None
+        item = await self._chunks.get()
+        self._ended = item is None
+        return item
 
 
 def finish(job: SentenceJob) -> AudioChunk:
     """The sentence's chunk: its audio from where the early chunk stopped, then ``fragment_interval`` of silence."""
     assert job.audio is not None, "vocode runs first"
-    gap = np.zeros(int(round(SAMPLE_RATE * job.params.fragment_interval)), dtype=np.float32)
-    return AudioChunk(np.concatenate([job.audio[job.emitted:], gap]), job.text, job.index, SAMPLE_RATE, job.timings)
+    gap = np.zeros(int(round(job.sample_rate * job.params.fragment_interval)), dtype=np.float32)
+    return AudioChunk(np.concatenate([job.audio[job.emitted:], gap]), job.text, job.index, job.sample_rate,
+                      job.timings)
 
 
 def sentence_seed(seed: int, norm_text: str) -> int:

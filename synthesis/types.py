@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Protocol
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Protocol
 
 import numpy as np
 
@@ -55,6 +55,10 @@ class SynthesisParams:
     style: str = ""
     # upstream's ``aux_ref_audio_paths``: ids of stored voices whose clips' ``ge`` is averaged with the voice's
     aux_voices: tuple[str, ...] = ()
+    # the v3/v4/v5 sampler (upstream's ``sample_steps``, ``cfg_rate``): None = the model family's defaults; the
+    # family checks its own values (v5: 4, 8, 16 or 32 steps, cfg 0-2); a v2-family model refuses them
+    steps: int | None = None
+    cfg: float | None = None
 
     def __post_init__(self) -> None:
         if self.language not in LANGUAGES:
@@ -69,6 +73,10 @@ class SynthesisParams:
         _check_number("noise_scale", self.noise_scale, 0.0, MAX_NOISE_SCALE)
         if not _whole(self.seed) or not -1 <= self.seed < 2**63:
             raise ValueError(f"seed must be a whole number from -1 (random) to 2**63-1, got {self.seed!r}")
+        if self.steps is not None:
+            _check_whole("steps", self.steps, 1)
+        if self.cfg is not None:
+            _check_number("cfg", self.cfg, 0.0, 2.0)
 
 
 @dataclass(frozen=True)
@@ -202,8 +210,23 @@ class AudioChunk:
         return to_pcm16(self.audio)
 
 
+class AudioStream(Protocol):
+    """One request's audio, sentence by sentence (an async iterator of chunks); closing it (or cancelling its
+    consumer) stops the model work."""
+
+    def __aiter__(self) -> AsyncIterator[AudioChunk]: ...
+
+    # (plain methods returning awaitables, so that an async generator and a class with ``async def`` both fit)
+    def __anext__(self) -> Awaitable[AudioChunk]: ...
+
+    def aclose(self) -> Awaitable[None]:
+        """Stop the request and release what it holds (an async generator's ``aclose``)."""
+        ...
+
+
 class SpeechSynthesizer(Protocol):
-    """What the bot and the HTTP API need from the pipeline (implemented by ``synthesis.pipeline.Synthesizer``)."""
+    """Speech from text: the part of :class:`~synthesis.backend.SpeechBackend` a guild's speaker uses (so a
+    wrapper that counts or records a stream needs only this)."""
 
     def stream(
         self,
@@ -212,6 +235,6 @@ class SpeechSynthesizer(Protocol):
         params: SynthesisParams | None = None,
         *,
         deadline: float | None = None,
-    ) -> AsyncIterator[AudioChunk]:
+    ) -> AudioStream:
         """Yield audio sentence by sentence; closing the iterator (or cancelling its task) stops the model work."""
         ...

@@ -3,12 +3,14 @@
 Layout: ``root/voices.sqlite3`` (WAL) holds one row per voice: identity, owner, name, version, language, transcript,
 enrollment prompt, model identity, timestamps, consent and reference info; it is the source of truth, so listing
 voices (autocomplete) is one query. ``root/<id>/`` holds the artefacts: ``clip.flac`` (the 32 kHz reference) and
-``prompt.npz`` (prompt_tokens, ge, prompt_phones, prompt_bert, sv_emb for a v2Pro/v2ProPlus voice, and the version
-of the row it belongs to). A voice may also hold extra clips (``extra-1.flac``, ...: their ``ge`` is averaged with
+``prompt.npz`` (prompt_tokens, ge, prompt_phones, prompt_bert, sv_emb for a v2Pro/v2ProPlus voice, family and ref_mel
+for a v3/v4/v5 voice, and the version of the row it belongs to). A voice may also hold extra clips (``extra-1.flac``, ...: their ``ge`` is averaged with
 the main clip's, each clip's kept as ``clip_ges`` in ``prompt.npz``, their facts in the row's ``reference.extras``)
 and named styles (``style-<file id>.flac``, their prompt arrays under ``style.<file id>.`` in ``prompt.npz``, their
 name, transcript and language in the row's ``styles``); every such change is a new version, written as a replace
-is. The model work (HuBERT, VQ, ge, phones, BERT) is the caller's: it passes the finished
+is. Each extra clip and each style carries its own consent record (``consent`` in its entry: who, when, what they
+agreed to), as the voice's own; it goes with the style, and with the voice. Entries written before consent was
+kept per clip have none. The model work (HuBERT, VQ, ge, phones, BERT) is the caller's: it passes the finished
 :class:`~engines.base.VoicePrompt` in.
 
 Steps, and what a crash (the process killed) between any two of them leaves once the next start-up reconciled:
@@ -43,8 +45,8 @@ row's version as read by every call, so another process's change is seen at once
 Network filesystems: SQLite advises against them. WAL keeps its index in shared memory, which only the processes of
 one machine share, and NFS/SMB locks are often unreliable, so a database there can be corrupted or diverge. Keep
 the voice root on a local disk and every process that opens it on that machine; replicas on other machines reach
-it through the storage actor of ``ray.storage: served`` (:mod:`synthesis.served`), never through an NFS mount. The
-store logs a warning at open when the root is on a network filesystem.
+it through the storage actor of ``ray.storage: served`` (:mod:`synthesis.cluster.storage`), never through an NFS
+mount. The store logs a warning at open when the root is on a network filesystem.
 """
 
 from __future__ import annotations
@@ -394,7 +396,7 @@ class VoiceStore:
         return self._swap(voice_id, edit, "replaced")
 
     def add_clips(self, voice_id: str, references: Sequence[Reference], prompt: VoicePrompt,
-                  clip_ges: np.ndarray) -> Voice:
+                  clip_ges: np.ndarray, *, consent: Consent | Mapping[str, Any]) -> Voice:
         """Store extra clips with a voice (a new version): their ``ge`` is averaged with the voice's clips'.
 
         Parameters
@@ -402,11 +404,14 @@ class VoiceStore:
         references: the new clips, prepared like the main one.
         prompt: the voice's prompt with ``ge`` the mean over every clip (its tokens and transcript the main clip's).
         clip_ges: every clip's ``ge`` ``[K, gin, 1]``, main clip first, the stored extras, then the new ones.
+        consent: the speaker's consent to these clips (as :meth:`create` takes it), kept with each of them.
         """
+        record = _consent_dict(consent)  # refused before anything is written
+
         def edit(meta: dict[str, Any], arrays: dict[str, np.ndarray], clips: dict[str, np.ndarray]) -> list[str]:
             extras: list[dict[str, Any]] = list(meta["reference"].get("extras", []))
             for ref in references:
-                extras.append(_reference_dict(ref))
+                extras.append({**_reference_dict(ref), "consent": record})
                 clips[EXTRA_FILE.format(len(extras))] = ref.wav32k
             _check_extras(len(extras), clip_ges)
             meta["reference"] = {**meta["reference"], "extras": extras}
@@ -417,7 +422,7 @@ class VoiceStore:
         return self._swap(voice_id, edit, f"given {len(references)} extra clip(s)")
 
     def put_style(self, voice_id: str, name: str, reference: Reference, prompt: VoicePrompt, *, language: str,
-                  prompt_text: str) -> Voice:
+                  prompt_text: str, consent: Consent | Mapping[str, Any]) -> Voice:
         """Store a named style of a voice (a new version): a reference of its own, chosen per request. A style of
         that name (case-insensitive) is replaced.
 
@@ -426,9 +431,11 @@ class VoiceStore:
         name: 1-32 letters, digits, spaces, ``_`` or ``-`` ("calm", "excited").
         reference, prompt: its prepared clip and the model's encoding of it (the voice's model).
         language, prompt_text: its transcript and the transcript's language ("" text: reference-free).
+        consent: the speaker's consent to this clip (as :meth:`create` takes it), kept with the style.
         """
         check_name(name, "style name")
         _check_language(language)
+        record = _consent_dict(consent)
 
         def edit(meta: dict[str, Any], arrays: dict[str, np.ndarray], clips: dict[str, np.ndarray]) -> list[str]:
             styles: dict[str, Any] = meta["styles"]
@@ -438,7 +445,8 @@ class VoiceStore:
                                  "remove one first")
             file_id = uuid.uuid4().hex[:8]
             styles[name.casefold()] = {"name": name, "file": file_id, "language": language,
-                                       "prompt_text": prompt_text, "reference": _reference_dict(reference)}
+                                       "prompt_text": prompt_text, "reference": _reference_dict(reference),
+                                       "consent": record}
             clips[STYLE_FILE.format(file_id)] = reference.wav32k
             arrays.update(_prompt_arrays(prompt, STYLE_ARRAYS.format(file_id)))
             return [] if old is None else _forget_style(arrays, old["file"])
@@ -446,13 +454,16 @@ class VoiceStore:
         return self._swap(voice_id, edit, f"given style {name!r}")
 
     def remove_style(self, voice_id: str, name: str) -> Voice:
-        """Remove a named style of a voice (a new version): its clip, its arrays, its cache entries."""
+        """Remove a named style of a voice (a new version): its clip, its arrays, its cache entries, its consent
+        record (the database is checkpointed, so the record does not linger in its WAL)."""
         def edit(meta: dict[str, Any], arrays: dict[str, np.ndarray], clips: dict[str, np.ndarray]) -> list[str]:
             old = _style_of(meta, name)
             del meta["styles"][name.casefold()]
             return _forget_style(arrays, old["file"])
 
-        return self._swap(voice_id, edit, f"without style {name!r}")
+        voice = self._swap(voice_id, edit, f"without style {name!r}")
+        self._checkpoint()
+        return voice
 
     def _swap(self, voice_id: str, edit: _Edit, what: str) -> Voice:
         """A new version of a voice: its folder copied under a temporary name, changed by ``edit`` (the row's
@@ -586,6 +597,13 @@ class VoiceStore:
         if len(metas) > 1:
             raise VoiceError(f"{len(metas)} voices are named {name!r}; pick one by its owner or id")
         return self._voice(metas[0])
+
+    def lookup(self, key: str) -> Voice:
+        """The voice with the id ``key``, else the one named ``key`` (:meth:`find`): a voice as a person names it."""
+        try:
+            return self.get(key)
+        except VoiceNotFound:
+            return self.find(key)
 
     def list(self, owner_id: int | None = None) -> list[Voice]:
         """All voices (of one owner when given), sorted by name: one query, then the prompt arrays from memory
@@ -1001,6 +1019,8 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
 def _prompt_of(arrays: Mapping[str, np.ndarray], prefix: str = "") -> VoicePrompt:
     """The prompt stored under ``prefix`` ("": the voice's own; a style's: :data:`STYLE_ARRAYS`)."""
     sv = arrays.get(f"{prefix}sv_emb")
+    family = arrays.get(f"{prefix}family")  # absent: a v2-family voice (the SV features tell which)
+    ref_mel = arrays.get(f"{prefix}ref_mel")
     return VoicePrompt(
         prompt_tokens=arrays[f"{prefix}prompt_tokens"].astype(np.int64),
         ge=arrays[f"{prefix}ge"].astype(np.float32),
@@ -1008,6 +1028,9 @@ def _prompt_of(arrays: Mapping[str, np.ndarray], prefix: str = "") -> VoicePromp
         prompt_bert=arrays[f"{prefix}prompt_bert"].astype(np.float32),
         # v2Pro/v2ProPlus voices only; a v2 voice (or one stored before v2Pro support) has none
         sv_emb=sv.astype(np.float32) if sv is not None else None,
+        family=str(family) if family is not None else "v2",
+        # v3/v4/v5 voices only: the mel prompt of the diffusion families
+        ref_mel=ref_mel.astype(np.float32) if ref_mel is not None else None,
     )
 
 
@@ -1022,12 +1045,17 @@ def _prompt_arrays(prompt: VoicePrompt, prefix: str = "") -> dict[str, np.ndarra
     }
     if prompt.sv_emb is not None:
         arrays[f"{prefix}sv_emb"] = np.asarray(prompt.sv_emb, np.float32)
+    if prompt.family != "v2":
+        arrays[f"{prefix}family"] = np.asarray(prompt.family)  # a 0-d string array: no pickle needed to read it
+    if prompt.ref_mel is not None:
+        arrays[f"{prefix}ref_mel"] = np.asarray(prompt.ref_mel, np.float32)
     return arrays
 
 
 def _set_prompt(arrays: dict[str, np.ndarray], prompt: VoicePrompt, prefix: str = "") -> None:
     """Put a prompt's arrays in place of those stored under ``prefix`` (a v2 prompt leaves no v2Pro ``sv_emb``)."""
-    arrays.pop(f"{prefix}sv_emb", None)
+    for key in ("sv_emb", "family", "ref_mel"):  # what one family stores and another does not
+        arrays.pop(f"{prefix}{key}", None)
     arrays.update(_prompt_arrays(prompt, prefix))
 
 
@@ -1089,6 +1117,17 @@ def _network_filesystem(path: Path) -> str | None:
         if inside and len(point) > len(best):
             best, kind = point, parts[2]
     return kind if kind is not None and kind.startswith(NETWORK_FS) else None
+
+
+def check_consent(consent: Consent | Mapping[str, Any]) -> dict[str, Any]:
+    """The consent record as the store keeps it (``user_id``, ``text``, ``at`` ISO UTC, then any extras).
+
+    Raises
+    ------
+    VoiceError
+        It does not say who consented and to what; the message says what to give.
+    """
+    return _consent_dict(consent)
 
 
 def _consent_dict(consent: Consent | Mapping[str, Any]) -> dict[str, Any]:

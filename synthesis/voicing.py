@@ -14,20 +14,19 @@ from typing import Any, Callable, Coroutine, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from engines import SAMPLE_RATE, SAMPLES_PER_TOKEN, SSL_SAMPLE_RATE, Engine, VoicePrompt
+from engines import DIFFUSION_FAMILIES, SAMPLE_RATE, SAMPLES_PER_TOKEN, SSL_SAMPLE_RATE, Engine, EngineError, VoicePrompt
 from synthesis.audio import Reference, reference_from_upload, resample
 from synthesis.precompute import precompute_phrases
 from synthesis.stages import Stages
 from synthesis.styles import Timbres, with_style
 from synthesis.text import bert_features, text_to_phonemes
 from synthesis.types import Limits, SynthesisParams, Voice, VoiceNotFound
-from synthesis.voices import Removed, VoiceError, VoiceStore, check_name
+from synthesis.voices import Removed, VoiceError, VoiceStore, check_consent, check_name
 
 log = logging.getLogger(__name__)
 
 MIN_ROOM_POSITIONS = 400  # GPT context a voice's prompt must leave for a sentence (~100 phones + 12 s of tokens)
 TOKENS_PER_S = SAMPLE_RATE / SAMPLES_PER_TOKEN  # semantic tokens per second of reference (25)
-GPT_CONTEXT = 2048  # the engines' GPT context per request (engines.gpt_sovits.generate.MAX_CONTEXT) unless they say
 Progress = Callable[[str, float], None]
 
 
@@ -95,7 +94,7 @@ async def create_voice(voicing: _Maker, name: str, data: bytes, filename: str = 
                        enrollment_prompt: str | None = None, progress: Progress | None = None,
                        phrases: Sequence[str] = (), voice_id: str | None = None) -> tuple[Voice, list[str]]:
     """Validate and encode an uploaded clip, store the voice, start precomputing ``phrases``: the argument handling
-    of ``create``, one body for the local :class:`Voicing` and the remote one (``synthesis.remote``).
+    of ``create``, one body for the local :class:`Voicing` and the remote one (``synthesis.cluster.client``).
 
     ``consent`` is the speaker's consent record (``user_id``, ``text``; see ``synthesis.voices.Consent``): nothing
     is stored without it. ``voice_id``: the id reserved for it (a new one when None). Returns the voice and the
@@ -113,20 +112,23 @@ def _no_progress(stage: str, fraction: float) -> None:
     """A :data:`Progress` that reports nowhere."""
 
 
-def _told_what_was_kept(ref: Reference, has_transcript: bool) -> Reference:
-    """The reference with its ``kept`` line finished for the person: what became of the transcript, and the fix.
+def _told_what_was_kept(ref: Reference, has_transcript: bool, subject: str = "the voice") -> Reference:
+    """The reference with its ``kept`` line finished for the person: what became of the transcript, and the fix;
+    ``subject`` is what the clip makes ("the voice", or a style: "the style 'calm'").
 
     No ASR checks which words the kept seconds say, so a transcript of an upload whose speech was partly left out is
-    never stored (the voice is made reference-free); to keep one, the person sends only the seconds they want.
+    never stored (the voice or style is made reference-free); to keep one, the person sends only the seconds they
+    want.
     """
     if not ref.kept:
         return ref
     if has_transcript:
-        tail = (", so its transcript was not stored and the voice is reference-free; to keep a transcript, send only "
-                "the seconds you want, with the words said in them")
+        tail = (f", so its transcript was not stored and {subject} is reference-free; to keep a transcript, send "
+                "only the seconds you want, with the words said in them")
     else:
         tail = "; to choose the part yourself, send only the seconds you want"
-    return dataclasses.replace(ref, kept=ref.kept + tail)
+    kept = ref.kept.replace("the voice uses", f"{subject} uses", 1)  # the upload's line names the voice
+    return dataclasses.replace(ref, kept=kept + tail)
 
 
 class Voicing:
@@ -186,6 +188,16 @@ class Voicing:
         sv = await worker.call(lambda: engine.encode_speaker([wav32k]))
         sv_emb = None if sv is None else np.asarray(sv, np.float32)  # [1, sv_dim]
         self.uses_sv = sv_emb is not None
+        family = engine.family
+        ref_mel = None
+        if family in DIFFUSION_FAMILIES:  # checked before any other model work: the voice needs both
+            if not prompt_text:
+                raise VoiceError(f"the loaded {family} model needs the clip's transcript (prompt_text): give the words "
+                                 "spoken in the clip")
+            try:  # its mel prompt, from the clip as it is (upstream: not loudness-normalised)
+                ref_mel = await worker.call(lambda: engine.reference_mel(wav32k, SAMPLE_RATE))
+            except EngineError as e:
+                raise VoiceError(str(e)) from None
         if prompt_text:
             if prompt_text[-1] not in "，。？！,.?!~:：—…":
                 prompt_text += "." if language == "en" else "。"
@@ -195,11 +207,14 @@ class Voicing:
             await self.stages.load_bert_for(ph)
             bert = await worker.call(lambda: bert_features(ph, engine.text_features))
             tokens, ge = await worker.call(lambda: engine.encode_reference(wav16k, [wav32k], sv_emb=sv_emb))
+            if ref_mel is not None and np.asarray(tokens).size == 0:
+                raise VoiceError("the clip gave no semantic tokens for the model's prompt; record 3 to 10 s of speech")
             return VoicePrompt(np.asarray(tokens, np.int64), np.asarray(ge, np.float32),
-                               np.asarray(ph.ids, np.int64), np.asarray(bert, np.float32), sv_emb)
+                               np.asarray(ph.ids, np.int64), np.asarray(bert, np.float32), sv_emb, family=family,
+                               ref_mel=ref_mel)
         _, ge = await worker.call(lambda: engine.encode_reference(None, [wav32k], sv_emb=sv_emb))
         return VoicePrompt(np.zeros(0, np.int64), np.asarray(ge, np.float32), np.zeros(0, np.int64),
-                           np.zeros((1024, 0), np.float32), sv_emb)
+                           np.zeros((1024, 0), np.float32), sv_emb, family=family)
 
     async def _prepare(self, data: bytes, filename: str) -> Reference:
         """An upload -> a reference clip, as a voice's main clip is prepared (the same checks and messages)."""
@@ -219,35 +234,43 @@ class Voicing:
 
     # ---- extra clips and styles --------------------------------------------------------------------------------
 
-    async def add_clips(self, voice: Voice, uploads: Sequence[tuple[bytes, str]]) -> tuple[Voice, list[str]]:
+    async def add_clips(self, voice: Voice, uploads: Sequence[tuple[bytes, str]], *,
+                        consent: Mapping[str, Any]) -> tuple[Voice, list[str]]:
         """Store extra clips with a voice: each prepared like its main clip, its ``ge`` averaged with the voice's
         clips' (upstream's aux references: timbre only; the prompt tokens and transcript stay the main clip's).
 
-        ``uploads``: (file bytes, file name) each. Returns the new version and each clip's warnings, prefixed by
-        the clip's file name. Nothing is stored when any clip is refused.
+        ``uploads``: (file bytes, file name) each; ``consent``: the speaker's consent record for them (as
+        :func:`create_voice` takes it), stored with each clip: nothing is stored without it. Returns the new
+        version and each clip's warnings, prefixed by the clip's file name. Nothing is stored when any clip is
+        refused.
         """
+        record = check_consent(consent)  # refused before any decoding or encoding
         voice = await self.fit(voice)
         refs = [await self._prepare(data, filename) for data, filename in uploads]
         ges = await self._clip_ges([r.wav32k for r in refs])
         clip_ges = np.concatenate([voice.ges, np.stack(ges)], axis=0)  # [K, gin, 1], main clip first
         prompt = dataclasses.replace(voice.prompt, ge=clip_ges.mean(axis=0).astype(np.float32))
-        stored = await asyncio.to_thread(self.store.add_clips, voice.id, refs, prompt, clip_ges)
+        stored = await asyncio.to_thread(self.store.add_clips, voice.id, refs, prompt, clip_ges, consent=record)
         warnings = [f"{filename}: {w}" for (_, filename), r in zip(uploads, refs)
                     for w in ([r.kept] if r.kept else []) + list(r.warnings)]
         return stored, warnings
 
-    async def add_style(self, voice: Voice, style: str, data: bytes, filename: str, *, transcript: str = "",
-                        language: str = "auto") -> tuple[Voice, list[str]]:
+    async def add_style(self, voice: Voice, style: str, data: bytes, filename: str, *, consent: Mapping[str, Any],
+                        transcript: str = "", language: str = "auto") -> tuple[Voice, list[str]]:
         """Store a named style of a voice: a reference of its own (prompt tokens, transcript, ``ge``), prepared
-        and encoded like a voice's main clip. Returns the new version and the clip's warnings."""
+        and encoded like a voice's main clip, with ``consent``, the speaker's consent record for its clip (as
+        :func:`create_voice` takes it; nothing is stored without it). Returns the new version and the clip's
+        warnings."""
         check_name(style, "style name")
+        record = check_consent(consent)  # refused before any decoding or encoding
         voice = await self.fit(voice)
-        ref = _told_what_was_kept(await self._prepare(data, filename), bool(transcript.strip()))
+        ref = _told_what_was_kept(await self._prepare(data, filename), bool(transcript.strip()),
+                                  f"the style {style!r}")
         prompt_text = "" if ref.speech_left_out else transcript.strip()
         prompt = await self._encode_prompt(ref.wav16k, ref.wav32k, prompt_text, language)
         self._check_prompt_room(prompt.prompt_phones.size, prompt.prompt_tokens.size)
         stored = await asyncio.to_thread(self.store.put_style, voice.id, style, ref, prompt, language=language,
-                                         prompt_text=prompt_text)
+                                         prompt_text=prompt_text, consent=record)
         return stored, [ref.kept, *ref.warnings] if ref.kept else list(ref.warnings)
 
     async def remove_style(self, voice: Voice, style: str) -> Voice:
@@ -277,7 +300,7 @@ class Voicing:
         Every request puts the reference's phones and prompt tokens in front of the sentence, in a context of
         ``engine.max_context`` positions; an overlong transcript would make every synthesis with the voice fail.
         """
-        context = int(getattr(self.engine, "max_context", GPT_CONTEXT))
+        context = self.engine.max_context
         used = int(phones) + int(tokens)
         if used + MIN_ROOM_POSITIONS > context:
             raise VoiceError(
@@ -322,6 +345,11 @@ class Voicing:
         """Was this voice's prompt made by the loaded model (its model id, and SV features exactly when it uses
         them)?"""
         if voice.model_id != self.engine.model_id:
+            return False
+        # a prompt of one family never conditions another; among the v2 families the SV features tell (a voice
+        # stored before prompts named their family reads as "v2")
+        family = self.engine.family
+        if {voice.prompt.family, family} & set(DIFFUSION_FAMILIES) and voice.prompt.family != family:
             return False
         return (voice.prompt.sv_emb is not None) == await self.learn_sv()
 

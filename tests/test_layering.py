@@ -10,7 +10,9 @@ top level, inside functions, under ``TYPE_CHECKING``. The rules:
 - across layers only the package's own surface, ``import synthesis`` or ``from synthesis import X`` with ``X`` in
   ``synthesis.__all__``; never a submodule (``synthesis.pipeline``, ``engines.base``);
 - ``discord`` only in bot/ and cogs/; ``torch``, ``onnxruntime`` and ``tensorrt`` only in engines/; ``ray`` only in
-  the two modules of the Ray Serve backend (synthesis/remote.py, synthesis/served.py).
+  the modules of the Ray Serve backend that need it (synthesis/cluster/: client, replica, storage);
+- no import cycle among the project's modules: an import run at any time (top level or inside a function) is an
+  edge; one under ``TYPE_CHECKING`` is not (that is how a module names a type of a module that imports it).
 
 A failure lists every offending import as ``file:line``. The few imports that break a rule on purpose are in
 ``ALLOWED`` below, each with its reason; ``PENDING_SURFACE`` waives the public-surface rule in a folder being
@@ -20,6 +22,8 @@ reworked, for now.
 from __future__ import annotations
 
 import ast
+import dataclasses
+import graphlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +39,9 @@ ONLY_IN = {  # third-party packages and the layers (folders) or files that may i
     "torch": {"engines"},
     "onnxruntime": {"engines"},
     "tensorrt": {"engines"},
-    # an optional extra (`.[cluster]`): a one-machine install has no ray, so nothing else may need it
-    "ray": {"synthesis/remote.py", "synthesis/served.py"},
+    # an optional extra (`.[cluster]`): a one-machine install has no ray, so nothing else may need it (the cluster's
+    # options and stores neither: the config loads the options)
+    "ray": {"synthesis/cluster/client.py", "synthesis/cluster/replica.py", "synthesis/cluster/storage.py"},
 }
 
 # Files that may reach into the layers below and import torch / onnxruntime, with the reason. Only the direction
@@ -68,6 +73,7 @@ class Import:
     line: int
     module: str  # absolute dotted name
     names: tuple[str, ...]
+    typing_only: bool = False  # under ``if TYPE_CHECKING:``: never run
 
     @property
     def layer(self) -> str:
@@ -88,22 +94,38 @@ def imports_of(path: Path, root: Path = ROOT) -> list[Import]:
     """Every import statement in one source file, relative ones made absolute."""
     rel = path.relative_to(root)
     found: list[Import] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(rel))):
-        if isinstance(node, ast.Import):
-            found += [Import(rel.as_posix(), node.lineno, a.name, ()) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = tuple(a.name for a in node.names)
-            if node.level:
-                package = _package_of(rel)
-                base = package[: len(package) - (node.level - 1)]
-                module = ".".join(base + ([node.module] if node.module else []))
-                if not node.module:  # `from . import a, b`: each name is a submodule of the package (or a name in it)
-                    found += [Import(rel.as_posix(), node.lineno, f"{module}.{n}", ()) for n in names]
-                    continue
-            else:
-                module = node.module or ""
-            found.append(Import(rel.as_posix(), node.lineno, module, names))
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(rel))
+    typing_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If) and _is_type_checking(node.test)
+                   for stmt in node.body for inner in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only and isinstance(node, (ast.Import, ast.ImportFrom)):
+            found += [dataclasses.replace(imp, typing_only=True) for imp in _imports_in(node, rel)]
+        else:
+            found += _imports_in(node, rel)
     return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports_in(node: ast.AST, rel: Path) -> list[Import]:
+    """The imports of one statement (none unless it is an import), relative ones made absolute."""
+    if isinstance(node, ast.Import):
+        return [Import(rel.as_posix(), node.lineno, a.name, ()) for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    names = tuple(a.name for a in node.names)
+    if not node.level:
+        return [Import(rel.as_posix(), node.lineno, node.module or "", names)]
+    package = _package_of(rel)
+    base = package[: len(package) - (node.level - 1)]
+    module = ".".join(base + ([node.module] if node.module else []))
+    if not node.module:  # `from . import a, b`: each name is a submodule of the package (or a name in it)
+        return [Import(rel.as_posix(), node.lineno, f"{module}.{n}", ()) for n in names]
+    return [Import(rel.as_posix(), node.lineno, module, names)]
 
 
 def public_names(package: str) -> set[str]:
@@ -185,6 +207,41 @@ def test_every_exemption_is_still_needed() -> None:
                     + ", ".join(stale), pytrace=False)
 
 
+def module_of(file: str) -> str:
+    """``synthesis/cluster/client.py`` -> ``synthesis.cluster.client``; a package's ``__init__.py`` is the package."""
+    parts = file.removesuffix(".py").split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(imports: list[Import]) -> dict[str, set[str]]:
+    """Each module of the project -> the project's modules it imports when it runs (``TYPE_CHECKING`` imports left
+    out). ``from p import n`` is an edge to the module ``p.n`` when there is one, else to ``p``."""
+    graph: dict[str, set[str]] = {module_of(imp.file): set() for imp in imports}
+    modules = set(graph)
+    for imp in imports:
+        if imp.typing_only:
+            continue
+        targets = {f"{imp.module}.{n}" if f"{imp.module}.{n}" in modules else imp.module for n in imp.names or ("",)}
+        graph[module_of(imp.file)] |= (targets & modules) - {module_of(imp.file)}
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of the graph (its modules, the first repeated at the end), or [] when there is none."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        return list(e.args[1])
+    return []
+
+
+def test_no_import_cycle() -> None:
+    cycle = import_cycle(import_graph(all_imports()))
+    if cycle:
+        pytest.fail("an import cycle: " + " -> ".join(cycle) + " (move what both need into a module of its own; "
+                    "a type alone may be imported under TYPE_CHECKING)", pytrace=False)
+
+
 @pytest.mark.parametrize("layer", LAYERS)
 def test_the_public_surface_exists(layer: str) -> None:
     """Every name in ``__all__`` resolves (lazily exported ones included) and importing the package stays light."""
@@ -219,7 +276,7 @@ def test_the_checker_finds_each_kind_of_offence(tmp_path: Path) -> None:
         "synthesis/b.py": "def f():\n    import discord\n    from engines.base import SpeechError\n",
         "synthesis/c/d.py": "from ..e import x\nfrom . import g\nfrom engines import SpeechError, Secret\n",
         "bot/f.py": "import torch.nn as nn\nimport synthesis\nfrom synthesis import Synthesizer\nfrom bot.x import y\n",
-        "synthesis/remote.py": "from ray import serve\n",
+        "synthesis/cluster/client.py": "from ray import serve\n",
         "synthesis/pipeline.py": "import ray\n",
     })
     assert found == [
@@ -228,7 +285,8 @@ def test_the_checker_finds_each_kind_of_offence(tmp_path: Path) -> None:
         "synthesis/b.py:3 reaches into engines.base: import it from the package (engines)",
         "synthesis/c/d.py:3 Secret not in engines.__all__",
         "bot/f.py:1 torch belongs in engines/ only",
-        "synthesis/pipeline.py:1 ray belongs in synthesis/remote.py and synthesis/served.py only",
+        "synthesis/pipeline.py:1 ray belongs in synthesis/cluster/client.py and synthesis/cluster/replica.py and "
+        "synthesis/cluster/storage.py only",
     ]
     assert [imp.module for imp in imports_of(tmp_path / "synthesis/c/d.py", tmp_path)] == [
         "synthesis.e", "synthesis.c.g", "engines"]
@@ -248,3 +306,24 @@ def test_the_benchmarks_sit_beside_the_product(tmp_path: Path) -> None:
         "bot/other.py:1 nothing imports benchmarks/ but the entries in ENTRY",
         "cogs/c.py:1 nothing imports benchmarks/ but the entries in ENTRY",
     ]
+
+
+def test_the_cycle_finder_counts_lazy_imports_and_not_type_checking_ones(tmp_path: Path) -> None:
+    def cycle(files: dict[str, str]) -> list[str]:
+        for name, text in files.items():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text(text)
+        return import_cycle(import_graph([imp for n in files for imp in imports_of(tmp_path / n, tmp_path)]))
+
+    # a top-level import one way, a lazy one back (as the Ray client and its storage actor once were)
+    found = cycle({"synthesis/remote.py": "def f():\n    from synthesis import served\n",
+                   "synthesis/served.py": "from synthesis.remote import Stores\n"})
+    assert sorted(set(found)) == ["synthesis.remote", "synthesis.served"] and found[0] == found[-1]
+    # through a package's face and a relative import: a -> synthesis (its __init__) -> b -> a
+    assert len(cycle({"synthesis/__init__.py": "from synthesis.b import x\n",
+                      "synthesis/a.py": "from synthesis import Thing\n",
+                      "synthesis/b.py": "from .a import y\n"})) == 4
+    # the same pair with the way back under TYPE_CHECKING, and a package's own submodules: no cycle
+    assert cycle({"synthesis/served.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                         "    from synthesis.remote import Stores\n",
+                  "synthesis/c/__init__.py": "from synthesis.c import d\n", "synthesis/c/d.py": "X = 1\n"}) == []

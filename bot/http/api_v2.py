@@ -8,19 +8,26 @@ are upstream's. A NUL byte or an unpaired surrogate in any value is a 400.
 
 How upstream's parameters map here:
 
-* ``ref_audio_path``: a stored voice's name or id; a path whose file name (stem) names a stored voice (clients such
-  as AstrBot's plugin and SillyTavern send ``/their/dir/alice`` or ``./参考音频/alice.wav``; that file is never
-  opened); or a path to a stored voice's folder or one of its files inside ``voices.dir`` (absolute, or relative to
-  that folder or to the working directory). Any other path (``..``, a symlink pointing out, a file that is not a
-  stored voice's, a name too long for a file system) is refused with 400. The voice's stored reference,
-  transcript and language are used, so ``prompt_text`` and ``prompt_lang`` are validated and otherwise ignored.
-* ``aux_ref_audio_paths``: each must resolve like ``ref_audio_path``, to a stored voice; as upstream, they change
+* ``ref_audio_path``: a stored voice's name or id; a clip inside one of ``http.reference_dirs`` (absolute, or
+  relative to each folder), upstream's own use: read with ``prompt_text`` and ``prompt_lang`` (required with a
+  transcript; no transcript: reference-free, as upstream), encoded once and kept as a voice by the hash of the
+  file, transcript and language (``bot.http.reference_files``); a path whose file name (stem) names a stored voice
+  (clients such as AstrBot's plugin and SillyTavern send ``/their/dir/alice`` or ``./参考音频/alice.wav``; that file
+  is never opened); or a path to a stored voice's folder or one of its files inside ``voices.dir`` (absolute, or
+  relative to that folder or to the working directory). Any other path (``..``, a symlink pointing out, a file that
+  is not a stored voice's, a name too long for a file system) is refused with 400. A stored voice's own reference,
+  transcript and language are used, so for it ``prompt_text`` and ``prompt_lang`` are validated and otherwise
+  ignored.
+* ``aux_ref_audio_paths``: each must resolve like ``ref_audio_path``, to a stored voice or a reference clip (its
+  transcript unused); as upstream, they change
   the timbre only: the decode's style vector ``ge`` is the mean over every clip of the main voice (its extra clips
   too) and of each aux voice, while the prompt tokens and transcript stay the main voice's. Audio made so is not
   kept in the audio cache (it would outlive the deletion of an aux voice).
 * No-ops, validated for type and range: ``batch_size``, ``batch_threshold``, ``split_bucket``, ``parallel_infer``
-  (the scheduler batches across requests by itself), ``sample_steps`` and ``super_sampling`` (v3/v4 only),
-  ``overlap_length`` and ``min_chunk_length`` (token streaming).
+  (the scheduler batches across requests by itself), ``super_sampling`` (v3 only), ``overlap_length`` and
+  ``min_chunk_length`` (token streaming); ``sample_steps`` and ``cfg_rate`` with a v2-family model (no sampler).
+* ``sample_steps``, ``cfg_rate``: the v3/v4/v5 sampler's steps and guidance (unset: the family's defaults; v5 takes
+  4, 8, 16 or 32 steps, another count is a 400).
 * ``streaming_mode``: 0/false = one body; 1/true = one chunk per sentence. 2 and 3 (token chunks upstream) stream
   per sentence too: the pipeline yields whole sentences, and per-sentence decoding is upstream's best quality.
 * ``noise_scale`` (not upstream's): the SoVITS noise, default from config.
@@ -42,6 +49,7 @@ import pydantic
 from aiohttp import web
 
 from bot.config import Config
+from bot.http.reference_files import REFERENCE_OWNER, reference_path, reference_voice
 from bot.http.responses import ApiError, pydantic_message, services_of, stream_audio, whole_audio
 from synthesis import (LANGUAGES, SPLIT_METHODS, SpeechError, SynthesisParams, Voice, VoiceNotFound,
                        check_speakable)
@@ -50,6 +58,7 @@ if TYPE_CHECKING:
     from bot.voice_service import VoiceService
 
 MEDIA_TYPES = ("wav", "raw", "ogg", "aac")
+ReferenceLookup = Callable[[str, str], Awaitable["Voice | None"]]  # (ref_audio_path, field name) -> voice or None
 MAX_SEED = 2**63 - 1
 _ID_RE = re.compile(r"[\w-]{1,64}")  # what may be passed to VoiceStore.get
 _NAME_RE = re.compile(r"[\w -]{1,32}")  # what may be passed to VoiceStore.find
@@ -224,7 +233,7 @@ async def lookup_voice(voices: VoiceService, key: str) -> Voice | None:
 
 async def voice_names(voices: VoiceService, limit: int = 20) -> str:
     """The stored voices' names, for error messages."""
-    names = sorted({v.name for v in await voices.list()})
+    names = sorted({v.name for v in await voices.list() if v.owner_id != REFERENCE_OWNER})
     if not names:
         return "there are no voices yet: create one first (Discord /voice create, or `python -m bot voices add`)"
     more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
@@ -234,19 +243,22 @@ async def voice_names(voices: VoiceService, limit: int = 20) -> str:
 async def voice_catalog(voices: VoiceService) -> list[tuple[str, str, Voice]]:
     """Every stored voice as (key, display name, voice), sorted by name; the key is the name, or the id when
     several owners use the same name."""
-    stored = sorted(await voices.list(), key=lambda v: (v.name.lower(), v.id))
+    stored = sorted((v for v in await voices.list() if v.owner_id != REFERENCE_OWNER),
+                    key=lambda v: (v.name.lower(), v.id))
     counts: dict[str, int] = {}
     for v in stored:
         counts[v.name] = counts.get(v.name, 0) + 1
     return [(v.name, v.name, v) if counts[v.name] == 1 else (v.id, f"{v.name} ({v.id[:8]})", v) for v in stored]
 
 
-async def resolve_ref(voices: VoiceService, voices_dir: Path, ref: str, name: str = "ref_audio_path") -> Voice:
-    """``ref_audio_path`` -> a stored voice: its name or id, a path whose file name (stem) names a stored voice (as
-    clients that resolve the name to a path of their own send it), or a path inside the voices folder that belongs
-    to a voice. No file outside the voices folder is ever opened.
+async def resolve_ref(voices: VoiceService, voices_dir: Path, ref: str, name: str = "ref_audio_path", *,
+                      references: ReferenceLookup | None = None) -> Voice:
+    """``ref_audio_path`` -> a stored voice: its name or id; the voice ``references`` gives for a clip inside
+    ``http.reference_dirs`` (``bot.http.reference_files``); a path whose file name (stem) names a stored voice (as
+    clients that resolve the name to a path of their own send it); or a path inside the voices folder that belongs
+    to a voice. No file outside the voices folder and the reference folders is ever opened.
 
-    Raises :class:`ApiError` 400 for anything else, paths that leave the voices folder above all.
+    Raises :class:`ApiError` 400 for anything else, paths that leave those folders above all.
     """
     ref = check_chars(ref, name).strip()
     if not ref:
@@ -257,6 +269,10 @@ async def resolve_ref(voices: VoiceService, voices_dir: Path, ref: str, name: st
     voice = await lookup_voice(voices, ref)
     if voice is not None:
         return voice
+    if references is not None:
+        voice = await references(ref, name)
+        if voice is not None:
+            return voice
     text = ref.replace("\\", "/")
     stem = PurePosixPath(text).stem
     if stem and stem != text:
@@ -266,21 +282,24 @@ async def resolve_ref(voices: VoiceService, voices_dir: Path, ref: str, name: st
     if ".." in PurePosixPath(text).parts:
         raise ApiError(400, f"{name} may not contain '..': name a stored voice, or a file inside the voices folder")
     try:
-        return await _voice_of_path(voices, voices_dir, text, ref, name)
+        return await _voice_of_path(voices, voices_dir, text, ref, name, references is not None)
     except (OSError, ValueError) as e:  # ENAMETOOLONG, ELOOP, EACCES...: not a voice's file, whatever it is
         raise ApiError(400, f"{name} {ref[:80]!r} is not a usable path ({type(e).__name__}): name a stored voice; "
                             f"{await voice_names(voices)}") from None
 
 
-async def _voice_of_path(voices: VoiceService, voices_dir: Path, text: str, ref: str, name: str) -> Voice:
+async def _voice_of_path(voices: VoiceService, voices_dir: Path, text: str, ref: str, name: str,
+                         reference_dirs: bool) -> Voice:
     root = Path(os.path.realpath(voices_dir))
     given = Path(os.path.expanduser(text))
     candidates = [given] if given.is_absolute() else [root / given, Path.cwd() / given]
     inside = [Path(os.path.realpath(c)) for c in candidates]  # symlinks resolved: a link pointing out is outside
     inside = [p for p in inside if p == root or root in p.parents]
     if not inside:
-        raise ApiError(400, f"{name} {ref!r} is neither a stored voice nor a file inside the voices folder: "
-                            f"only stored voices can be used; {await voice_names(voices)}")
+        also, usable = (" or a clip inside http.reference_dirs", "stored voices and those clips") if reference_dirs \
+            else ("", "only stored voices")
+        raise ApiError(400, f"{name} {ref!r} is neither a stored voice nor a file inside the voices folder{also}: "
+                            f"{usable} can be used; {await voice_names(voices)}")
     for path in inside:
         if path == root or not path.exists():
             continue
@@ -290,6 +309,9 @@ async def _voice_of_path(voices: VoiceService, voices_dir: Path, text: str, ref:
             return voice
         raise ApiError(400, f"{name} {ref!r} is inside the voices folder but is not a stored voice's file; "
                             f"{await voice_names(voices)}")
+    if reference_dirs:
+        raise ApiError(400, f"{name} {ref!r}: no such voice, and no such file inside http.reference_dirs (links out "
+                            f"of them are not followed); {await voice_names(voices)}")
     raise ApiError(400, f"{name} {ref!r}: no such voice or file; {await voice_names(voices)}")
 
 
@@ -361,7 +383,8 @@ class TtsParams(pydantic.BaseModel):
     streaming_mode: int = 0
     parallel_infer: bool = True
     repetition_penalty: float | None = _Num(None, gt=0.0)
-    sample_steps: int = _Num(32, ge=1, le=256)
+    sample_steps: int | None = _Num(None, ge=1, le=256)  # v3/v4/v5: the sampler's steps (None: the family's)
+    cfg_rate: float | None = _Num(None, ge=0.0, le=2.0)  # v5: classifier-free guidance (None: the family's)
     super_sampling: bool = False
     overlap_length: int = _Num(2, ge=0, le=100)
     min_chunk_length: int = _Num(16, ge=1, le=1000)
@@ -376,7 +399,7 @@ class TtsParams(pydantic.BaseModel):
             raise ValueError(str(e)) from None
 
     @pydantic.field_validator("top_k", "top_p", "temperature", "batch_size", "batch_threshold", "speed_factor",
-                              "fragment_interval", "seed", "repetition_penalty", "sample_steps", "overlap_length",
+                              "fragment_interval", "seed", "repetition_penalty", "sample_steps", "cfg_rate", "overlap_length",
                               "min_chunk_length", "noise_scale", mode="before")
     @classmethod
     def _no_bool(cls, value: Any) -> Any:
@@ -434,13 +457,28 @@ async def parse_tts(values: Mapping[str, Any], services: Any, *,
             raise ApiError(400, f"{name} must be one of {', '.join(choices)}; got {value!r}")
     given = {"language": q.text_lang, "top_k": q.top_k, "top_p": q.top_p, "temperature": q.temperature,
              "split_method": q.text_split_method, "speed": q.speed_factor, "fragment_interval": q.fragment_interval,
-             "seed": q.seed, "repetition_penalty": q.repetition_penalty, "noise_scale": q.noise_scale}
-    voice = await resolve_ref(voices, config.voices.dir, q.ref_audio_path)
-    aux = [await resolve_ref(voices, config.voices.dir, path, name="aux_ref_audio_paths")
+             "seed": q.seed, "repetition_penalty": q.repetition_penalty, "noise_scale": q.noise_scale,
+             "steps": q.sample_steps, "cfg": q.cfg_rate}
+    references = _reference_lookup(services, q.prompt_text, q.prompt_lang) if config.http.reference_dirs else None
+    voice = await resolve_ref(voices, config.voices.dir, q.ref_audio_path, references=references)
+    aux = [await resolve_ref(voices, config.voices.dir, path, name="aux_ref_audio_paths", references=references)
            for path in q.aux_ref_audio_paths]
     given["aux_voices"] = tuple(v.id for v in aux) or None
     params = make_params(base, **{k: v for k, v in given.items() if v is not None})
     return TtsRequest(text, voice, params, q.media_type, q.streaming_mode)
+
+
+def _reference_lookup(services: Any, prompt_text: str, prompt_lang: str | None) -> ReferenceLookup:
+    """Finds the voice of a clip inside ``http.reference_dirs`` (None: the path is not one)."""
+    dirs = services.config.http.reference_dirs
+
+    async def lookup(ref: str, name: str) -> Voice | None:
+        path = reference_path(dirs, ref)
+        if path is None:
+            return None
+        return await reference_voice(services, path, prompt_text, prompt_lang, name=name)
+
+    return lookup
 
 
 async def respond(request: web.Request, tts: TtsRequest, *, wav_size_unknown: bool = False) -> web.StreamResponse:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import re
+import ssl
 import time
 import uuid
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -21,10 +23,11 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from bot.config import ConfigError
 from bot.http import (api_v2, elevenlabs, elevenlabs_multi, elevenlabs_rest, guard, openai_speech, pronunciations,
-                      sillytavern, stream_input)
+                      sillytavern, stream_input, voice_upload)
 from bot.http.metrics import HttpMetrics
 from bot.http.responses import (METRICS, REQUEST_T0, SERVICES, ApiError, error_for, ignored_header, json_error,
                                 protocol_of, services_of)
+from bot.http.tls import server_context
 from synthesis import SpeechError
 
 if TYPE_CHECKING:
@@ -36,7 +39,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # a client's X-Request-Id that is echoed back
 ENDPOINTS = ("/tts, /speakers, /v1/audio/speech, /v1/audio/models, /v1/audio/voices, /v1/models, "
              "/v1/tts/stream-input, /v1/text-to-speech/{voice}[/stream, /stream-input, /multi-stream-input], "
-             "/pronunciations, /phonemes, /healthz or /metrics")
+             "/pronunciations, /phonemes, /voices, /v1/voices/add, /healthz or /metrics")
 
 
 @web.middleware
@@ -107,7 +110,12 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _limits(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The declared body size and the per-client request rate."""
     config = services_of(request).config.http
-    if request.content_length is not None and request.content_length > config.max_body_kb * 1024:
+    if getattr(request.match_info.route, "name", None) in voice_upload.UPLOAD_ROUTES:  # an audio file: its own limit
+        limit = voice_upload.body_limit(services_of(request).config)
+        if request.content_length is not None and request.content_length > limit:
+            raise ApiError(413, f"the upload is {request.content_length} bytes; the limit is {limit} bytes "
+                                "(voices.max_upload_mb and the form around it): send a shorter clip")
+    elif request.content_length is not None and request.content_length > config.max_body_kb * 1024:
         raise ApiError(413, f"the request body is {request.content_length} bytes; the limit is "
                             f"{config.max_body_kb} KiB (http.max_body_kb): send less")
     if request.path not in guard.OPEN_PATHS:
@@ -183,6 +191,7 @@ def create_app(services: Services) -> web.Application:
     elevenlabs_multi.add_routes(app)
     elevenlabs_rest.add_routes(app)
     pronunciations.add_routes(app, services)
+    voice_upload.add_routes(app)
     app.router.add_get("/metrics", _metrics, name="meta:metrics")
     app.router.add_get("/healthz", _healthz, name="meta:healthz")
     return app
@@ -208,15 +217,29 @@ def check_bind(config: Any, host: str | None = None) -> None:
                           "secret, or bind to 127.0.0.1 (http.host / --host)")
 
 
+def check_start(config: Any, host: str | None = None) -> ssl.SSLContext | None:
+    """Everything about serving that can be refused before any model loads (``serve`` calls it first): the bind
+    (:func:`check_bind`), the TLS files and the reference folders. Returns the TLS context (None: plain HTTP).
+
+    Raises :class:`ConfigError` with one line naming the key.
+    """
+    check_bind(config, host)
+    for folder in config.http.reference_dirs:
+        if not os.path.isdir(folder):
+            raise ConfigError(f"http.reference_dirs: {folder} is not a folder: create it, or remove it from the list")
+    return server_context(config.http)
+
+
 async def start_server(services: Services, host: str | None = None, port: int | None = None) -> web.AppRunner:
     """Start the API on ``host:port`` (default ``http.host``/``http.port``); returns the runner to ``cleanup()``.
 
-    Raises :class:`ConfigError` when asked to listen beyond loopback without a token.
+    Raises :class:`ConfigError` when asked to listen beyond loopback without a token, or when the TLS files or
+    reference folders are unusable (:func:`check_start`).
     """
     config = services.config
     host = host or config.http.host
     port = config.http.port if port is None else port
-    check_bind(config, host)
+    tls = check_start(config, host)
     app = create_app(services)
     if not any(isinstance(f, _QuietBadRequests) for f in logging.getLogger("aiohttp.server").filters):
         logging.getLogger("aiohttp.server").addFilter(_QuietBadRequests())
@@ -224,14 +247,15 @@ async def start_server(services: Services, host: str | None = None, port: int | 
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            keepalive_timeout=config.http.idle_timeout_s)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=tls)
     try:
         await site.start()
     except OSError as e:
         await runner.cleanup()
         raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}): pick another port "
                           "(http.port / --port) or stop what uses it") from e
-    addresses = ", ".join(f"http://{a[0]}:{a[1]}" if isinstance(a, tuple) else str(a) for a in runner.addresses)
+    scheme = "https" if tls is not None else "http"
+    addresses = ", ".join(f"{scheme}://{a[0]}:{a[1]}" if isinstance(a, tuple) else str(a) for a in runner.addresses)
     log.info("HTTP API listening on %s (token %s)", addresses,
              "required" if app[guard.TOKEN] else "not required: loopback only")
     return runner

@@ -16,15 +16,20 @@ encoder's own bitrate is used), ``inactivity_timeout`` (1-180 s, default ``http.
 Frames: ``{"text": " ", "voice_settings": {...}, "generation_config": {...}, "xi_api_key": ...}`` first (the
 single space opens the stream), then ``{"text": "piece "}``, with ``"flush": true`` to speak what is pending now
 (``try_trigger_generation`` is accepted: sentences are spoken as soon as they are complete anyway), and
-``{"text": ""}`` for the end of input. ``voice_settings.speed`` sets the rate; stability, similarity_boost, style and
-use_speaker_boost are accepted without effect (the voice's reference sets its style). Messages:
+``{"text": ""}`` for the end of input. ``voice_settings`` (first frame only), read as the HTTP ElevenLabs door
+reads them (:func:`settings_effect`): ``speed`` sets the rate; ``style`` as a string names one of the voice's stored
+styles (``"calm"``, case-insensitive; a name it has none of is an error naming the styles it has); ElevenLabs' own
+numeric ``style``, ``stability``, ``similarity_boost`` and ``use_speaker_boost`` (and ``generation_config``'s
+``chunk_length_schedule``) are checked and have no effect here. Messages:
 ``{"audio": base64, "isFinal": false, "normalizedAlignment": null, "alignment": null}`` per piece, then
-``{"isFinal": true}`` and a normal close; ``{"message", "error", "code"}`` then a close on failure.
+``{"isFinal": true}`` and a normal close; ``{"message", "error", "code"}`` then a close on failure. The first
+message after a first frame with settings that had no effect names them in ``"voicebotIgnored"`` (a list such as
+``["voice_settings.style"]``), a field ElevenLabs' clients do not read; it is absent when every setting took effect.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from aiohttp import web
 
@@ -34,7 +39,7 @@ from bot.http.openai_speech import resolve_voice
 from bot.http.responses import ApiError, AudioOut, services_of
 from bot.http.stream_input import refuse_unknown
 from bot.http.ws_session import Input, Piece, Session, b64
-from synthesis import LANGUAGES, SAMPLE_RATE
+from synthesis import LANGUAGES, Voice, VoiceNotFound, with_style
 
 DEFAULT_FORMAT = "mp3_44100_128"  # ElevenLabs' default
 # output_format -> (synthesis.audio / G.711 format, sample rate Hz)
@@ -52,6 +57,7 @@ PARAMETERS = ("output_format", "inactivity_timeout", "language_code", "seed") + 
 FRAME_KEYS = ("text", "flush", "try_trigger_generation", "voice_settings", "generation_config", "xi_api_key",
               "xi-api-key", "authorization", "pronunciation_dictionary_locators")
 VOICE_SETTINGS = ("stability", "similarity_boost", "style", "use_speaker_boost", "speed")
+IGNORED_FIELD = "voicebotIgnored"  # in a WebSocket door's first message: the settings that had no effect
 MAX_INACTIVITY_S = 180  # ElevenLabs' own bound on inactivity_timeout
 # HTTP-style status -> the "error" of ElevenLabs' WebSocket error messages
 ERROR_KINDS = {400: "invalid_request", 401: "invalid_api_key", 429: "rate_limited", 503: "system_busy",
@@ -62,10 +68,12 @@ _LANGUAGE_CODES = {"en": "en", "zh": "zh", "ja": "ja", "ko": "ko", "yue": "yue",
 class ElevenLabsDialect:
     """ElevenLabs' frames and messages (the module docstring)."""
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: web.Request, voice: Voice) -> None:
         self._request = request
+        self._voice = voice
         self._auth_pending = bool(request.get(guard.AUTH_DEFERRED))
         self._first = True
+        self._ignored: list[str] = []  # the first frame's settings without effect, until a message names them
 
     def parse(self, data: str) -> Input:
         message = parse_json_object(data, "each frame")
@@ -77,11 +85,12 @@ class ElevenLabsDialect:
         if self._auth_pending:
             verify_frame_key(self._request, message)
             self._auth_pending = False
-        speed = None
+        changes: dict[str, Any] = {}
         if "voice_settings" in message or "generation_config" in message:
             if not first:
                 raise ApiError(400, "voice_settings and generation_config may only come in the first frame")
-            speed = settings(message.get("voice_settings"), message.get("generation_config"))
+            changes, self._ignored = settings(self._voice, message.get("voice_settings"),
+                                              message.get("generation_config"))
         text = message.get("text")
         if text is None and first:
             raise ApiError(400, "the first frame must have text (a single space opens the stream): "
@@ -91,16 +100,22 @@ class ElevenLabsDialect:
         for flag in ("flush", "try_trigger_generation"):
             if flag in message and not isinstance(message[flag], bool):
                 raise ApiError(400, f"{flag} must be true or false; got {message[flag]!r}")
-        return Input(text or "", flush=message.get("flush") is True, end=text == "", speed=speed)
+        return Input(text or "", flush=message.get("flush") is True, end=text == "", changes=changes)
 
     def ready(self) -> None:
         return None
 
     def audio(self, piece: Piece) -> dict[str, Any]:
-        return {"audio": b64(piece.data), "isFinal": False, "normalizedAlignment": None, "alignment": None}
+        return self._noted({"audio": b64(piece.data), "isFinal": False, "normalizedAlignment": None,
+                            "alignment": None})
 
     def done(self, sentences: int, chunks: int, audio_s: float) -> dict[str, Any]:
-        return {"isFinal": True}
+        return self._noted({"isFinal": True})
+
+    def _noted(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The message, naming the settings without effect when it is the first to go out after them."""
+        message, self._ignored = noted(message, self._ignored), []
+        return message
 
     def error(self, status: int, message: str) -> dict[str, Any]:
         kind = ERROR_KINDS.get(status, "internal_error")
@@ -116,9 +131,10 @@ def verify_frame_key(request: web.Request, message: dict[str, Any]) -> None:
     guard.verify_token(request, key)
 
 
-def settings(voice_settings: Any, generation_config: Any) -> float | None:
-    """Validate the first frame's settings; return ``voice_settings.speed`` (None when not sent)."""
-    speed = None
+def settings(voice: Voice, voice_settings: Any, generation_config: Any) -> tuple[dict[str, Any], list[str]]:
+    """Check a WebSocket's first-frame settings (a 400 for a bad one): (the SynthesisParams fields they change,
+    the settings accepted without effect), as :func:`settings_effect` says."""
+    checked: dict[str, Any] = {}
     if voice_settings is not None:
         if not isinstance(voice_settings, dict):
             raise ApiError(400, f"voice_settings must be an object; got {voice_settings!r}")
@@ -126,18 +142,83 @@ def settings(voice_settings: Any, generation_config: Any) -> float | None:
         if unknown:
             raise ApiError(400, f"unknown voice setting {unknown[0]!r}: use {', '.join(VOICE_SETTINGS)}")
         r = ParamReader(voice_settings)
-        for name in ("stability", "similarity_boost", "style"):
-            r.number(name, 0.5, lo=0.0, hi=1.0)
-        r.boolean("use_speaker_boost", True)
-        if voice_settings.get("speed") is not None:
-            speed = r.number("speed", 1.0, lo=0.25, hi=4.0)
+        given = {name for name in VOICE_SETTINGS if voice_settings.get(name) is not None}
+        for name in ("stability", "similarity_boost"):
+            if name in given:
+                checked[name] = r.number(name, 0.5, lo=0.0, hi=1.0)
+        if isinstance(voice_settings.get("style"), str):
+            checked["style"] = voice_settings["style"]
+        elif "style" in given:
+            if isinstance(voice_settings["style"], bool) or not isinstance(voice_settings["style"], (int, float)):
+                raise ApiError(400, f"voice_settings.style is a number from 0 to 1, or the name of one of the "
+                                    f"voice's styles; got {voice_settings['style']!r}")
+            checked["style"] = r.number("style", 0.5, lo=0.0, hi=1.0)
+        if "use_speaker_boost" in given:
+            checked["use_speaker_boost"] = r.boolean("use_speaker_boost", True)
+        if "speed" in given:
+            checked["speed"] = r.number("speed", 1.0, lo=0.25, hi=4.0)
+    schedule = None
     if generation_config is not None:
         schedule = generation_config.get("chunk_length_schedule") if isinstance(generation_config, dict) else None
         if not isinstance(generation_config, dict) or set(generation_config) - {"chunk_length_schedule"} \
                 or not (schedule is None or (isinstance(schedule, list)
                                              and all(isinstance(x, (int, float)) for x in schedule))):
             raise ApiError(400, "generation_config takes chunk_length_schedule, a list of numbers")
-    return speed
+    changes, ignored = settings_effect(voice, checked)
+    if schedule is not None:  # sentences are spoken as soon as they are complete, whatever the schedule
+        ignored.append("generation_config.chunk_length_schedule")
+    return changes, ignored
+
+
+def settings_effect(voice: Voice, checked: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """What checked ElevenLabs ``voice_settings`` do here, one rule for every ElevenLabs door.
+
+    Parameters
+    ----------
+    voice: the voice the request speaks with (its stored styles).
+    checked: the settings sent, each valid (None: not sent).
+
+    Returns
+    -------
+    The SynthesisParams fields they change (``speed``; ``style``, the stored name of the voice's style that a
+    string ``style`` names, case-insensitive; "" keeps the main clip), and the settings accepted without effect, as
+    ``"voice_settings.<name>"`` in :data:`VOICE_SETTINGS` order (a numeric ``style``, ``stability``,
+    ``similarity_boost``, ``use_speaker_boost``).
+
+    Raises
+    ------
+    ApiError
+        400: the voice has no style of that name; the message names the styles it has.
+    """
+    changes: dict[str, Any] = {}
+    ignored: list[str] = []
+    for name in VOICE_SETTINGS:
+        value = checked.get(name)
+        if value is None:
+            continue
+        if name == "speed":
+            changes["speed"] = float(value)
+        elif name == "style" and isinstance(value, str):
+            if value.strip():
+                changes["style"] = _stored_style(voice, value.strip())
+        else:
+            ignored.append(f"voice_settings.{name}")
+    return changes, ignored
+
+
+def _stored_style(voice: Voice, name: str) -> str:
+    """The stored name of the voice's style ``name`` (case-insensitive), or a 400 naming the styles it has."""
+    try:
+        return voice.styles[with_style(voice, name).style].name
+    except VoiceNotFound as e:
+        raise ApiError(400, str(e)) from None
+
+
+def noted(message: dict[str, Any], ignored: list[str]) -> dict[str, Any]:
+    """A WebSocket message naming ``ignored`` in :data:`IGNORED_FIELD` (unchanged when there are none)."""
+    if ignored:
+        message[IGNORED_FIELD] = list(ignored)
+    return message
 
 
 def output_format(value: str | None) -> tuple[str, int]:
@@ -196,8 +277,8 @@ async def _handler(request: web.Request) -> web.WebSocketResponse:
     config = services.config
     ws = ws_session.websocket(request, config.http.max_body_kb)
     await ws.prepare(request)
-    out = AudioOut(fmt, SAMPLE_RATE, rate)
-    session = Session(request, ws, ElevenLabsDialect(request), services.synthesizer, voice, params, out,
+    out = AudioOut(fmt, services.synthesizer.sample_rate, rate)
+    session = Session(request, ws, ElevenLabsDialect(request, voice), services.synthesizer, voice, params, out,
                       max_chars=config.http.max_text_chars, idle_s=idle)
     await ws_session.run_session(request, session)
     return ws

@@ -7,8 +7,10 @@ connection per conversation, one context per reply, a reply cut short by closing
 Frames, JSON; ``context_id`` (or ``contextId``) names the context, a frame without one goes to the default context:
 
 - ``{"text": " ", "context_id": "c1", "voice_settings": {...}, "generation_config": {...}}`` opens ``c1``
-  (``voice_settings`` and ``generation_config`` only in a context's first frame; ``voice_settings.speed`` sets its
-  rate); any frame with text or ``flush`` for an unknown id opens it too;
+  (``voice_settings`` and ``generation_config`` only in a context's first frame, read as the single-context door
+  reads them: ``speed`` sets its rate, ``style`` as a string names one of the voice's styles, the rest has no
+  effect and the context's first message names it in ``"voicebotIgnored"``); any frame with text or ``flush`` for
+  an unknown id opens it too;
 - ``{"text": "piece ", "context_id": "c1"}`` adds text: each sentence is spoken as soon as it is complete;
 - ``{"context_id": "c1", "flush": true}`` (with or without text) speaks what is pending now;
 - ``{"text": "", "context_id": "c1"}`` keeps ``c1`` open (its inactivity timer restarts); ``{"text": ""}`` alone
@@ -42,7 +44,7 @@ from bot.http import elevenlabs, guard, ws_session
 from bot.http.api_v2 import parse_json_object
 from bot.http.responses import METRICS, REQUEST_T0, ApiError, AudioOut, close_quietly, error_for, services_of
 from bot.http.ws_session import Run, b64, close_code
-from synthesis import SAMPLE_RATE, SpeechError
+from synthesis import SpeechError
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +63,10 @@ class _ContextLimit(ApiError):
 class _Context:
     """One context: its text runs, its own encoder, and the task that speaks the runs in order."""
 
-    def __init__(self, session: _MultiSession, context_id: str | None, params: Any) -> None:
+    def __init__(self, session: _MultiSession, context_id: str | None, params: Any, ignored: list[str]) -> None:
         self.session, self.id, self.params = session, context_id, params
-        self.out = AudioOut(session.fmt, SAMPLE_RATE, session.rate)
+        self.ignored = ignored  # its first frame's settings without effect, until its first message names them
+        self.out = AudioOut(session.fmt, session.synth.sample_rate, session.rate)
         self.runs: asyncio.Queue[Run | None] = asyncio.Queue()
         self.current: Run | None = None  # the run still taking text (not yet flushed)
         self.closed = False
@@ -118,15 +121,20 @@ class _Context:
                 self.session.speaking_run.pop(self.id, None)
         tail = await self.out.finish()
         if tail and self.out.samples_out:
-            await self.session.send_audio(self.id, tail)
-        await self.session.send({"isFinal": True, "contextId": self.id})
+            await self.session.send_audio(self, tail)
+        await self.session.send(self.noted({"isFinal": True, "contextId": self.id}))
+
+    def noted(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The message, naming the settings without effect when it is this context's first."""
+        message, self.ignored = elevenlabs.noted(message, self.ignored), []
+        return message
 
     async def _speak(self, run: Run) -> None:
         s = self.session
         chunks = s.synth.stream(run.pieces(), s.voice, self.params)
         try:
             async for chunk in chunks:
-                await s.send_audio(self.id, await self.out.encode(chunk.audio))
+                await s.send_audio(self, await self.out.encode(chunk.audio))
         finally:
             await close_quietly(chunks)
 
@@ -241,9 +249,10 @@ class _MultiSession:
         if len(self.open) >= MAX_CONTEXTS:
             raise _ContextLimit(400, f"Maximum simultaneous contexts per WebSocket connection exceeded "
                                      f"({MAX_CONTEXTS}). Please close an existing context before opening a new one.")
-        speed = elevenlabs.settings(message.get("voice_settings"), message.get("generation_config"))
-        params = self.params if speed is None else dataclasses.replace(self.params, speed=speed)
-        context = _Context(self, context_id, params)
+        changes, ignored = elevenlabs.settings(self.voice, message.get("voice_settings"),
+                                               message.get("generation_config"))
+        params = dataclasses.replace(self.params, **changes) if changes else self.params
+        context = _Context(self, context_id, params, ignored)
         self.open[context_id] = context
         self.seen.append(context)
         self.tasks.add(context.task)
@@ -267,10 +276,11 @@ class _MultiSession:
             guard.charge(self.request, "WebSocket run")
         self.runs += 1
 
-    async def send_audio(self, context_id: str | None, data: bytes) -> None:
+    async def send_audio(self, context: _Context, data: bytes) -> None:
         if not data:
             return
-        await self.send({"audio": b64(data), "normalizedAlignment": None, "alignment": None, "contextId": context_id})
+        await self.send(context.noted({"audio": b64(data), "normalizedAlignment": None, "alignment": None,
+                                       "contextId": context.id}))
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
 

@@ -6,10 +6,11 @@
 ``{voice}`` as in the WebSocket doors (a stored voice's name or id, or an ``http.voice_aliases`` entry); the key in
 ``xi-api-key``. Query: ``output_format`` (the WebSocket doors' formats, default ``mp3_44100_128``), and, accepted
 without effect, ``enable_logging`` and ``optimize_streaming_latency``; any other parameter is a 400. Body (JSON):
-``text`` (required), ``language_code``, ``seed``, ``voice_settings`` (``speed`` sets the rate; ``style`` as a
-string names one of the voice's styles, e.g. ``"calm"``, a 400 when it has none so named; ElevenLabs' own ``style``
-is a number 0-1, which has no effect and is named in ``X-Voicebot-Ignored``; stability, similarity_boost and
-use_speaker_boost are checked and have no effect); ElevenLabs' other fields
+``text`` (required), ``language_code``, ``seed``, ``voice_settings``, read by the WebSocket doors' one rule
+(``bot.http.elevenlabs.settings_effect``: ``speed`` sets the rate; ``style`` as a string names one of the voice's
+styles, e.g. ``"calm"``, a 400 when it has none so named; ElevenLabs' own numeric ``style``, ``stability``,
+``similarity_boost`` and ``use_speaker_boost`` are checked, have no effect and are named in
+``X-Voicebot-Ignored``, e.g. ``voice_settings.style``); ElevenLabs' other fields
 (``model_id``, ``previous_text``, ``pronunciation_dictionary_locators``...) are accepted without effect.
 ``/stream`` sends the audio as it is synthesized (chunked); ``/stream/with-timestamps`` sends it as JSON lines
 ``{"audio_base64", "alignment": null, "normalized_alignment": null}`` (no character timings are computed); the
@@ -31,9 +32,8 @@ from bot.http.api_v2 import (MAX_SEED, base_params, check_chars, check_text, mak
                              refuse_bool, voices_of)
 from bot.http.guard import QUERY_CREDENTIALS
 from bot.http.openai_speech import resolve_voice
-from bot.http.responses import ApiError, say_ignored, services_of, stream_audio, validate_body, whole_audio
+from bot.http.responses import say_ignored, services_of, stream_audio, validate_body, whole_audio
 from bot.http.stream_input import refuse_unknown
-from synthesis import VoiceNotFound, with_style
 
 PARAMETERS = ("output_format", "enable_logging", "optimize_streaming_latency") + QUERY_CREDENTIALS
 # encoder format -> the Content-Type ElevenLabs answers with
@@ -98,17 +98,12 @@ async def _speech(request: web.Request, *, streamed: bool, timestamps: bool = Fa
     changes: dict[str, Any] = {"language": elevenlabs.language_of(body.language_code, base.language)}
     if body.seed is not None:
         changes["seed"] = body.seed
-    if body.voice_settings is not None and body.voice_settings.speed is not None:
-        changes["speed"] = body.voice_settings.speed
     voice = await resolve_voice(voices_of(services), config.http, request.match_info["voice"])
-    style = body.voice_settings.style if body.voice_settings is not None else None
-    if isinstance(style, str) and style.strip():
-        try:
-            changes["style"] = voice.styles[with_style(voice, style.strip()).style].name
-        except VoiceNotFound as e:
-            raise ApiError(400, str(e)) from None
-    elif isinstance(style, float):
-        say_ignored(request, "voice_settings.style")
+    if body.voice_settings is not None:
+        chosen, ignored = elevenlabs.settings_effect(voice, body.voice_settings.model_dump())
+        changes.update(chosen)
+        for name in ignored:
+            say_ignored(request, name)
     params = make_params(base, **changes)
     chunks = services.synthesizer.stream(text, voice, params)
     if timestamps:

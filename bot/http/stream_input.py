@@ -126,7 +126,7 @@ async def _handler(request: web.Request) -> web.WebSocketResponse:
     config = services.config
     ws = ws_session.websocket(request, config.http.max_body_kb)
     await ws.prepare(request)
-    out = AudioOut(fmt, SAMPLE_RATE, rate, wav_size_unknown=True)
+    out = AudioOut(fmt, services.synthesizer.sample_rate, rate, wav_size_unknown=True)
     dialect = StreamInputDialect(voice.name, fmt, out.sample_rate)
     session = Session(request, ws, dialect, services.synthesizer, voice, params, out,
                       max_chars=config.http.max_text_chars, idle_s=config.http.ws_idle_timeout_s)

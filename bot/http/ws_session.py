@@ -18,13 +18,13 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Mapping, Protocol
 
 from aiohttp import WSMsgType, web
 
 from bot.http import guard
 from bot.http.responses import METRICS, REQUEST_T0, ApiError, AudioOut, error_for
-from synthesis import SpeechError
+from synthesis import SpeechError, SpeechSynthesizer
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,8 @@ class Input:
     text: str = ""
     flush: bool = False
     end: bool = False
-    speed: float | None = None  # a new speaking rate for runs not yet started (ElevenLabs' voice_settings)
+    # SynthesisParams fields for the runs not yet started (ElevenLabs' voice_settings: speed, a named style)
+    changes: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,8 @@ class Run:
 class Session:
     """One connection: a reader turning frames into runs, a speaker turning runs into audio messages."""
 
-    def __init__(self, request: web.Request, ws: web.WebSocketResponse, dialect: Dialect, synth: Any, voice: Any,
-                 params: Any, out: AudioOut, *, max_chars: int, idle_s: float) -> None:
+    def __init__(self, request: web.Request, ws: web.WebSocketResponse, dialect: Dialect, synth: SpeechSynthesizer,
+                 voice: Any, params: Any, out: AudioOut, *, max_chars: int, idle_s: float) -> None:
         self.request, self.ws, self.dialect = request, ws, dialect
         self.synth, self.voice, self.params, self.out = synth, voice, params, out
         self.max_chars, self.idle_s = max_chars, idle_s
@@ -139,8 +140,8 @@ class Session:
                 return
 
     def apply(self, message: Input) -> None:
-        if message.speed is not None:
-            self.params = dataclasses.replace(self.params, speed=message.speed)
+        if message.changes:
+            self.params = dataclasses.replace(self.params, **message.changes)
         text = message.text
         if text:
             if self.closed_input:

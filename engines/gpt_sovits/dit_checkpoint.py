@@ -31,7 +31,8 @@ from engines.gpt_sovits.family import DIT_FAMILIES
 
 log = logging.getLogger(__name__)
 
-__all__ = ["load_dit_sovits_checkpoint", "load_vocoder48k_checkpoint", "load_bigvgan_checkpoint", "BigVGANCheckpoint"]
+__all__ = ["load_dit_sovits_checkpoint", "load_vocoder48k_checkpoint", "load_bigvgan_checkpoint", "BigVGANCheckpoint",
+           "is_dit_sovits"]
 
 DIT_TAGS = {b"02": "v3", b"03": "v3", b"04": "v4", b"07": "v5dev", b"08": "v5turbo"}  # upstream head2version
 RELEASED_NAMES = {"s2gv3.pth": "v3", "s2gv4.pth": "v4", "s2gv5dev.pth": "v5dev", "s2gv5turbo.pth": "v5turbo"}
@@ -177,3 +178,21 @@ def load_bigvgan_checkpoint(folder: str | os.PathLike[str]) -> BigVGANCheckpoint
         raise ModelFormatError(f"{folder / BIGVGAN_WEIGHTS}: not a BigVGAN generator (no 'generator' weights); "
                                "download the BigVGAN folder again.")
     return BigVGANCheckpoint(config=config, state_dict={str(k): v for k, v in sd.items() if isinstance(v, torch.Tensor)})
+
+
+def is_dit_sovits(path: str | os.PathLike[str]) -> bool:
+    """Whether a SoVITS file is of a diffusion family (v3/v4/v5dev/v5turbo), told without loading its tensors: by its
+    tag, its released name, else by its keys (a memory-mapped read of the index only). False for a missing file (the
+    loader that opens it names it)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return False
+    if head in DIT_TAGS or path.name.lower() in RELEASED_NAMES:
+        return True
+    if head != b"PK":
+        return False  # a v2-family tag (v2Pro, v2ProPlus)
+    obj = _load_torch_file(path, kind="SoVITS", accept=tuple(DIT_TAGS))
+    return is_dict(obj) and is_dict(obj.get("weight")) and DIT_KEY in obj["weight"]

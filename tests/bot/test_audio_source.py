@@ -189,3 +189,38 @@ async def test_feed_after_end_is_a_bug() -> None:
     src.end()
     with pytest.raises(RuntimeError):
         await src.feed(np.zeros(10, np.float32), SR)
+
+
+async def test_48k_chunks_make_no_resampler_and_go_out_sample_for_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bot.audio_source
+    from synthesis.types import to_pcm16
+
+    made: list[tuple[int, int]] = []
+    real = bot.audio_source.StreamResampler
+
+    def spy(sr_in: int, sr_out: int) -> object:
+        made.append((sr_in, sr_out))
+        return real(sr_in, sr_out)
+
+    monkeypatch.setattr(bot.audio_source, "StreamResampler", spy)
+    rng = np.random.default_rng(3)
+    x = (0.3 * rng.standard_normal(48000 + 517)).astype(np.float32)  # a v4/v5 model's 48 kHz audio
+    src = StreamAudioSource()
+    for piece in _split(x, [4800, 777, 13]):
+        await src.feed(piece, 48000)
+    src.end()
+    frames = _read_all(src)
+    assert made == []
+    got = np.frombuffer(b"".join(frames), dtype="<i2").reshape(-1, 2)[:, 0]
+    assert got.size == -(-x.size // SAMPLES_PER_FRAME) * SAMPLES_PER_FRAME  # the last frame padded with silence
+    assert np.array_equal(got[: x.size], to_pcm16(x))
+    assert not got[x.size:].any()
+
+    # a 32 kHz chunk after 48 kHz ones gets a resampler (and a 48 kHz one after it none again)
+    src = StreamAudioSource()
+    await src.feed(x[:4800], 48000)
+    await src.feed(_tone(0.5), SR)
+    await src.feed(x[:4800], 48000)
+    src.end()
+    assert made == [(SR, 48000)]
+    assert abs(len(_read_all(src)) - (4800 + 24000 + 4800) / SAMPLES_PER_FRAME) <= 1

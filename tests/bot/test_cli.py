@@ -292,9 +292,23 @@ def test_voices_extra_clips_and_styles(tiny_models: Path, tmp_path: Path):
     assert "style 'calm' stored with voice 'me' (now version 3)" in r.stdout
     r = _cli("--config", str(cfg), "voices", "list")
     assert r.returncode == 0 and "+1 clip(s)  styles: calm" in r.stdout
+    # the operator's consent is stored with the extra clip and with the style, as with the voice
+    from synthesis.voices import VoiceStore
+
+    store = VoiceStore(tmp_path / "voices")
+    meta = store.meta(store.find("me").id)
+    store.close()
+    for record in (meta["reference"]["extras"][0]["consent"], meta["styles"]["calm"]["consent"]):
+        assert record["user_id"] == 0 and record["text"] == meta["consent"]["text"]
+        assert record["at"] >= meta["created"][:19]  # recorded when the clip was added, after the voice
     r = _cli("--config", str(cfg), "say", "Hello!", "--voice", "me", "--style", "excited", "-o",
              str(tmp_path / "o.wav"), "--lang", "en")
     assert r.returncode != 0 and "has no style 'excited' (its styles: calm)" in r.stderr
+    r = _cli("--config", str(cfg), "voices", "remove-style", "me", "calm")
+    assert r.returncode == 0, r.stderr
+    store = VoiceStore(tmp_path / "voices")
+    assert store.meta(store.find("me").id)["styles"] == {}
+    store.close()
     r = _cli("--config", str(cfg), "voices", "delete", "me")
     assert r.returncode == 0, r.stderr
     _assert_no_voice_left(tmp_path / "voices")

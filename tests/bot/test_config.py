@@ -78,7 +78,7 @@ def test_token_comes_only_from_the_environment(monkeypatch):
 # Issue 14, 4: every section's bad values are refused at load, each naming its dotted key.
 BAD_VALUES = {
     "models": [
-        ({"family": "v3"}, "models.family must be one of v2, v2Pro, v2ProPlus, got 'v3'"),
+        ({"family": "v6"}, "models.family must be one of v2, v2Pro, v2ProPlus, v4, v5turbo, v5dev, v3, auto, got 'v6'"),
         ({"download_base_url": "ftp://mirror/x"}, "models.download_base_url must be a http:// or https:// URL"),
     ],
     "engine": [

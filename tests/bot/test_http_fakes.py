@@ -48,6 +48,7 @@ class FakeSynth:
     """Sentence-by-sentence sine "speech" with a delay per sentence; records every call."""
 
     engine_name, device, precision = "fake", "cpu", "fp32"
+    sample_rate = SAMPLE_RATE  # Hz of every chunk it yields (the doors encode from it)
 
     def __init__(self, voices: FakeVoices, delay_s: float = 0.02) -> None:
         self.voices = voices

@@ -64,6 +64,7 @@ class FakeSynth:
     def __init__(self, voices: list[Voice], *, sentence_s: float = 0.2, chunk_s: float = 0.1, delay_s: float = 0.0,
                  fail_after: int | None = None, hold: Any = None) -> None:
         self.voices = FakeVoices(voices)
+        self.busy = False  # SpeechBackend.busy: True as when every admission place is taken
         self.sentence_s, self.chunk_s, self.delay_s = sentence_s, chunk_s, delay_s
         self.fail_after = fail_after
         self.hold = hold

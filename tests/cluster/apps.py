@@ -41,7 +41,7 @@ def close_remote(synth, app_name: str) -> None:
     """Close the client, remove its Serve application (its replicas free their CPUs) and disconnect."""
     import ray
 
-    from synthesis.remote import shutdown
+    from synthesis.cluster.client import shutdown
 
     asyncio.run(synth.close())
     shutdown(app_name)

@@ -41,7 +41,7 @@ def test_ray_options_reach_the_cluster_options():
 
 
 def test_autoscaling_keys_reach_serves_autoscaler_and_bad_values_are_one_line():
-    from synthesis.remote import _autoscaling
+    from synthesis.cluster.client import _autoscaling
 
     cfg = config_from_dict({"ray": {"autoscaling": True, "min_replicas": 1, "max_replicas": 4, "target_queue": 3,
                                     "upscale_delay_s": 2, "downscale_delay_s": 45, "scale_window_s": 10,
@@ -64,7 +64,7 @@ def test_autoscaling_keys_reach_serves_autoscaler_and_bad_values_are_one_line():
 
 @pytest.mark.filterwarnings("ignore:coroutine 'SynthesisReplica.__del__' was never awaited")  # Python's own, at GC
 async def test_a_replica_whose_start_failed_shuts_down_without_a_second_error():
-    from synthesis.remote import SynthesisReplica
+    from synthesis.cluster.replica import SynthesisReplica
 
     replica = SynthesisReplica.__new__(SynthesisReplica)  # as Serve holds it when __init__ raised (a model missing)
     await replica.__del__()  # Serve's graceful shutdown of it: nothing was made, nothing to undo

@@ -126,9 +126,9 @@ async def test_a_voice_made_on_one_replica_speaks_on_the_other_and_its_delete_re
 async def test_extra_clips_and_styles_are_made_on_a_replica_and_speak_as_a_local_run(remote, local, alice):
     carol, _ = await remote.voicing.create("carol", speech_like_wav(seed=5, f0=180), "carol.wav",
                                            transcript="Hello, this is my voice.", language="en", consent=CONSENT)
-    carol, _ = await remote.voicing.add_clips(carol, [(speech_like_wav(seed=6, f0=200), "c2.wav")])
+    carol, _ = await remote.voicing.add_clips(carol, [(speech_like_wav(seed=6, f0=200), "c2.wav")], consent=CONSENT)
     carol, _ = await remote.voicing.add_style(carol, "calm", speech_like_wav(seed=7, f0=120), "calm.wav",
-                                              transcript="I am calm.", language="en")
+                                              consent=CONSENT, transcript="I am calm.", language="en")
     assert carol.version == 3 and carol.clip_ges is not None and carol.clip_ges.shape[0] == 2
     assert list(carol.styles) == ["calm"]
     for params in (dataclasses.replace(PARAMS, style="calm"), dataclasses.replace(PARAMS, aux_voices=(alice.id,))):
@@ -186,7 +186,7 @@ def test_a_storage_call_costs_about_a_millisecond(config, remote):
     another node of this machine): a cache lookup, made on a replica's event loop once per sentence."""
     import statistics
 
-    from synthesis import served
+    from synthesis.cluster import storage as served
 
     (_, cache), link = served.connect(served.actor_name(config.ray.app_name))
     for i in range(300):
@@ -326,7 +326,7 @@ async def test_the_storage_gone_fails_a_request_in_one_line_and_a_new_one_is_fou
     import ray
 
     from bot.services import open_stores
-    from synthesis import served
+    from synthesis.cluster import storage as served
 
     name = served.actor_name(config.ray.app_name)
     ray.kill(ray.get_actor(name, namespace=served.NAMESPACE), no_restart=True)  # as when the client's machine is down

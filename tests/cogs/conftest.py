@@ -168,6 +168,7 @@ class FakeVoicing:
         self.deleted: list[str] = []
         self.precomputed: list[tuple[str, tuple[str, ...]]] = []
         self.changed: list[tuple[Any, ...]] = []  # add_clips / add_style / remove_style calls
+        self.consents: list[dict[str, Any]] = []  # the consent record each add_clips / add_style was given
         self.fail_with: Exception | None = None
         # set: the clip's speech was partly left out (the line the real voicing gives), so no transcript is stored
         self.kept: str | None = None
@@ -186,16 +187,20 @@ class FakeVoicing:
         voice = self.voices.add(name, owner_id, voice_id, prompt_text=text)
         return voice, [*([self.kept] if self.kept else []), "the clip is a little quiet"]
 
-    async def add_clips(self, voice, uploads):
+    async def add_clips(self, voice, uploads, *, consent):
         self.changed.append(("add_clips", voice.id, [(data, name) for data, name in uploads]))
+        self.consents.append(consent)
         clips = 1 if voice.clip_ges is None else voice.clip_ges.shape[0]
         ges = np.zeros((clips + len(uploads), *voice.prompt.ge.shape), np.float32)
         return self.voices._put(dataclasses.replace(voice, version=voice.version + 1, clip_ges=ges)), []
 
-    async def add_style(self, voice, style, data, filename, *, transcript="", language="auto"):
+    async def add_style(self, voice, style, data, filename, *, consent, transcript="", language="auto"):
         self.changed.append(("add_style", voice.id, style, data, transcript, language))
-        styles = {**voice.styles, style.casefold(): VoiceStyle(style, language, transcript, voice.prompt)}
-        return self.voices._put(dataclasses.replace(voice, version=voice.version + 1, styles=styles)), []
+        self.consents.append(consent)
+        kept = "" if self.kept else transcript  # set: the clip's speech was partly left out, as on create
+        styles = {**voice.styles, style.casefold(): VoiceStyle(style, language, kept, voice.prompt)}
+        return self.voices._put(dataclasses.replace(voice, version=voice.version + 1, styles=styles)), (
+            [self.kept] if self.kept else [])
 
     async def remove_style(self, voice, style):
         self.changed.append(("remove_style", voice.id, style))

@@ -344,3 +344,36 @@ async def test_styles_are_added_offered_to_say_and_removed(harness):
     token = await h.slash("voice style remove", ALICE, name=own.id, style="calm")
     assert last_reply(h, token)[0] == "**alto** no longer has the style **calm**."
     assert await h.autocomplete("say", "style", ALICE, text="hi", style="") == []
+
+
+async def test_a_clip_or_style_is_stored_with_the_consent_given_for_it(harness):
+    """The consent asked before an extra clip or a style is handed on with it: who, when, the words shown, which
+    clip, voice and style (the voice store keeps it with the clip or style: tests/synthesis/test_voice_styles.py)."""
+    h = harness
+    own = h.services.synthesizer.voices.add("alto", ALICE)
+    await _consented(h, "voice add-clip", name=own.id, clip=h.attachment("second.ogg", OGG, "audio/ogg"))
+    h.downloads.clear()
+    await _consented(h, "voice style add", name=own.id, style="calm",
+                     clip=h.attachment("calm.ogg", OGG, "audio/ogg"), transcript="I am calm.", language="en")
+    clip_consent, style_consent = h.services.synthesizer.voicing.consents
+    for consent, filename in ((clip_consent, "second.ogg"), (style_consent, "calm.ogg")):
+        assert consent["user_id"] == ALICE and consent["guild_id"] == GUILD_ID and consent["voice_id"] == own.id
+        assert consent["statement"] == cogs.voices.consent_statement(False)
+        assert consent["clip"] == filename and consent["clip_bytes"] == len(OGG) and consent["at"].endswith("+00:00")
+    assert style_consent["style"] == "calm" and "style" not in clip_consent
+
+
+async def test_a_style_whose_transcript_was_dropped_says_the_style_is_reference_free(harness):
+    h = harness
+    kept = ("the style 'calm' uses seconds 3.2-13.1 of the 30.0 s clip, the most continuous part of its 25.3 s of "
+            "speech (GPT-SoVITS takes 3-10 s), and leaves out 15.4 s of speech, so its transcript was not stored and "
+            "the style 'calm' is reference-free; to keep a transcript, send only the seconds you want, with the words "
+            "said in them")
+    h.services.synthesizer.voicing.kept = kept
+    own = h.services.synthesizer.voices.add("alto", ALICE)
+    token = await _consented(h, "voice style add", name=own.id, style="calm",
+                             clip=h.attachment("calm.ogg", OGG, "audio/ogg"), transcript="I am calm.", language="en")
+    lines = h.adapter.original_content(token).splitlines()
+    assert lines == ["**alto** has the style **calm**: use it with `/say style:calm`. The style **calm** is "
+                     "reference-free: its transcript was not kept (see the first note).", f"Note: {kept}"]
+    assert "the voice is reference-free" not in h.adapter.original_content(token)

@@ -11,7 +11,7 @@ import pytest
 
 from engines import SpeechError
 from synthesis.pipeline import stream_sentences
-from synthesis.remote import RemoteVoicing
+from synthesis.cluster.client import RemoteVoicing
 from synthesis.types import Limits, SynthesisParams
 from synthesis.voices import VoiceError
 from synthesis.voicing import VoiceOrder, Voicing, create_voice

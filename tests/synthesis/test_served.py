@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("ray", reason="ray[serve] is not installed: pip install 'voicebot[cluster]'")
 
 from synthesis.cache import SynthesisCache  # noqa: E402
-from synthesis.served import ServedCache, ServedVoices, StorageActor  # noqa: E402
+from synthesis.cluster.storage import ServedCache, ServedVoices, StorageActor  # noqa: E402
 from synthesis.types import VoiceNotFound  # noqa: E402
 from synthesis.voices import VoiceStore  # noqa: E402
 from tests.synthesis.test_voices import create, make_prompt  # noqa: E402
@@ -52,8 +52,9 @@ def served(tmp_path: Path):
 
 
 def test_the_stand_ins_override_every_public_method_of_what_they_stand_in_for():
-    # (cacheable is pure: the seed policy, from reuse_random; forget_deleted too: the held arrays and present())
-    for base, stand_in, pure in ((VoiceStore, ServedVoices, {"forget_deleted"}),
+    # (cacheable is pure: the seed policy, from reuse_random; forget_deleted too: the held arrays and present();
+    # lookup calls get, then find)
+    for base, stand_in, pure in ((VoiceStore, ServedVoices, {"forget_deleted", "lookup"}),
                                  (SynthesisCache, ServedCache, {"cacheable"})):
         public = {n for n, v in inspect.getmembers(base, inspect.isfunction) if not n.startswith("_")}
         own = {n for n in vars(stand_in) if not n.startswith("_")}
@@ -77,6 +78,16 @@ def test_a_voices_arrays_travel_once_per_version_and_go_with_a_replace_or_delete
         voices.get(made.id)
     again = create(actor.voices, seed=3)  # a new voice of the same name: never the old arrays
     assert voices.find("Alice").id == again.id and link.voices_sent == 3
+
+
+def test_a_voice_looked_up_by_id_or_name_comes_from_the_actor_as_locally(served):
+    actor, link, voices, _ = served
+    made = create(actor.voices)
+    assert voices.lookup(made.id) is voices.lookup("alice") and voices.lookup("ALICE").id == made.id
+    assert link.voices_sent == 1  # the arrays travelled once, whichever way the voice was named
+    with pytest.raises(VoiceNotFound, match="no voice named 'bob'"):
+        voices.lookup("bob")
+    assert actor.voices.lookup("Alice").id == made.id  # the store's own, on the actor's side
 
 
 def test_cache_calls_reach_the_actors_cache_and_a_deleted_voice_is_refused(served):

@@ -24,7 +24,7 @@ A replica's local synthesizer gets :class:`ServedVoices` and :class:`ServedCache
   says so and what to do; the actor is looked up again by name first, so a client that started a new one (after a
   reboot of its machine) is found. A replica that cannot reach the actor at start does not start, and says why.
 
-Ray is imported here at the top: only the ``ray`` backend imports this module (from :mod:`synthesis.remote`).
+Ray is imported here at the top: only the ``ray`` backend imports this module (the client and the replicas).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from engines import EngineError, SpeechError
 from synthesis.cache import SynthesisCache
-from synthesis.remote import FileReports, Stores
+from synthesis.cluster.stores import FileReports, Stores
 from synthesis.types import Voice, VoiceNotFound
 from synthesis.voices import DB_FILE, HeldVoices, Removed, VoiceError, VoiceStore
 
@@ -192,7 +192,7 @@ def connect(name: str) -> tuple[Stores, StorageLink]:
 
 class StorageLink:
     """Calls to the storage actor ``name``: answers or one clear error, never a hang; also the replica's
-    :class:`~synthesis.remote.Reports`."""
+    :class:`~synthesis.cluster.stores.Reports`."""
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -1,5 +1,5 @@
-"""The options of the synthesis replicas on Ray Serve (config ``ray:``), apart from :mod:`synthesis.remote` so that
-loading the config costs no import of the pipeline or of Ray."""
+"""The options of the synthesis replicas on Ray Serve (config ``ray:``), apart from the client and the replicas so
+that loading the config costs no import of the pipeline or of Ray."""
 
 from __future__ import annotations
 

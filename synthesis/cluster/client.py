@@ -1,33 +1,6 @@
-"""Synthesis replicas on Ray Serve, and the client that stands in for a local :class:`Synthesizer` in front of them.
-
-Each replica (:class:`SynthesisReplica`, one Serve replica = one process) owns one local ``Synthesizer``: its engine,
-its device worker with the continuous batching, its own admission limit. A request is one streaming call: the
-replica yields a small header (which replica, which process) and then the request's :class:`AudioChunk` s as the
-local pipeline yields them, so a sentence's audio reaches the caller while the next one is still being made.
-
-:class:`RemoteSynthesizer` is what the bot and the HTTP API get when ``synthesis.backend`` is ``ray``: the same
-``stream`` / ``synthesize`` / ``voices`` / ``voicing`` / ``metrics`` surface, so nothing above it changes.
-
-* Cancellation: closing the stream or cancelling the consuming task cancels the Serve request; the replica's
-  generator is cancelled and the local pipeline stops its model work within one GPT step (as it does locally).
-* Overload: a replica takes at most ``synthesis.queue_size`` requests at once (Serve's ``max_ongoing_requests``);
-  past the replicas' slots a caller waits in Serve's bounded queue of ``ray.max_queued_requests``, and past that
-  it gets :class:`~synthesis.types.BusyError` at once, like the local path.
-* Failures: a replica that dies fails only the requests it was serving, with an :class:`~engines.EngineError`
-  that says so; Serve starts a replacement and routes the next requests to live replicas.
-* Voices and caches (``ray.storage``): with ``shared`` every replica opens the configured voice and cache folders
-  itself, so every node must run on the machine that holds them (SQLite in WAL mode); a voice made through one
-  replica is read by all, and a delete (folder renamed first, then its cache entries removed, see
-  :mod:`synthesis.voices`) reaches every replica: their caches are the same files, and a write racing the delete is
-  taken back by the writer. With ``served`` one storage actor on the client's machine opens them, and the replicas,
-  on any machine, call it (:mod:`synthesis.served`): the same steps, run in one process of that machine.
-* Health and queue depth: every replica reports its state each :data:`REPORT_S` (``shared``: it writes
-  ``<cache dir>/replicas/<replica>.json`` itself; ``served``: the storage actor writes it);
-  :meth:`RemoteSynthesizer.replicas` reads them, and Serve's health check restarts a replica whose device worker
-  died.
-
-Ray is imported only here and in :mod:`synthesis.served` (which only this module imports), and only when a
-cluster is used: ``pip install 'voicebot[cluster]'``.
+"""The client of the synthesis replicas: :class:`RemoteSynthesizer`, what the bot and the HTTP API get when
+``synthesis.backend`` is ``ray``, and :func:`connect_cluster`, which attaches to the Serve application (deploying it
+when it does not run). See :mod:`synthesis.cluster` for cancellation, overload, failures, storage and health.
 """
 
 from __future__ import annotations
@@ -40,193 +13,34 @@ import functools
 import importlib
 import json
 import logging
-import os
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Protocol, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 
 import numpy as np
 
-from engines import EngineError, SpeechError
+from engines import SAMPLE_RATE, EngineError, SpeechError
+from synthesis.admission import Admission, AdmittedStream
 from synthesis.cache import SynthesisCache
-from synthesis.cluster import ClusterOptions
+from synthesis.cluster.options import ClusterOptions
+from synthesis.cluster.replica import Build, Served, SynthesisReplica, open_served, open_shared
+from synthesis.cluster.stores import Reports, Stores
 from synthesis.pipeline import stream_sentences
 from synthesis.types import AudioChunk, BusyError, Limits, SynthesisParams, Voice
 from synthesis.voices import Removed, VoiceStore
-from synthesis.voicing import VoiceOrder, VoiceTasks, create_voice
-
-if TYPE_CHECKING:
-    from synthesis.pipeline import Synthesizer
+from synthesis.voicing import Progress, VoiceOrder, VoiceTasks, create_voice
 
 log = logging.getLogger(__name__)
 
 DEPLOYMENT = "synthesis"  # the Serve deployment's name inside the application
-REPORT_S = 1.0  # how often a replica writes its state file
 STALE_S = 5.0  # a state file older than this: the replica is not reporting (dead, or stuck)
 FORGET_S = 300.0  # a state file older than this is removed (a replica that died without its goodbye)
 DRAIN_POLL_S = 0.5  # a replica being removed checks this often whether its last request has finished
 METRICS_PUSH_S = 10.0  # autoscaling: how often a client reports its requests in flight (at most; Serve's default)
 LOOKAHEAD = 2  # streamed text: sentences requested ahead of the one being yielded
 INSTALL_HINT = "Ray Serve is not installed: pip install 'voicebot[cluster]' (or set synthesis.backend: local)"
-Progress = Callable[[str, float], None]
-Stores = tuple[VoiceStore, SynthesisCache]  # what a local synthesizer reads its voices and caches from
-Build = Callable[[Stores], "Synthesizer"]  # makes a replica's synthesizer (engine, worker) around its stores
-
-
-_VOICE_CHANGES = ("add_clips", "add_style", "remove_style")  # what a replica's change_voice runs
-
-
-class Reports(Protocol):
-    """Where a replica's state goes (``ray.storage`` decides: the state folder itself, or the storage actor)."""
-
-    def write(self, replica: str, state: Mapping[str, Any]) -> None: ...
-    def remove(self, replica: str) -> None: ...
-
-
-class FileReports:
-    """The state folder: ``<replica>.json`` per replica, written atomically (temp + rename)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-
-    def write(self, replica: str, state: Mapping[str, Any]) -> None:
-        path = self.folder / f"{replica}.json"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(state), encoding="utf-8")
-        os.replace(tmp, path)
-
-    def remove(self, replica: str) -> None:
-        (self.folder / f"{replica}.json").unlink(missing_ok=True)
-
-
-def open_shared(open_stores: Callable[[], Stores], report_dir: str) -> tuple[Stores, Reports]:
-    """``ray.storage: shared``, in a replica: the configured folders, opened by the replica itself."""
-    return open_stores(), FileReports(Path(report_dir))
-
-
-def open_served(actor: str) -> tuple[Stores, Reports]:
-    """``ray.storage: served``, in a replica: stand-ins that call the storage actor ``actor``."""
-    from synthesis import served
-
-    return served.connect(actor)
-
-
-# ---- the replica ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Served:
-    """The first item of every streamed response: who serves it."""
-
-    replica: str  # Serve's replica id
-    pid: int  # the replica's process
-
-
-class SynthesisReplica:
-    """One Serve replica: a local :class:`Synthesizer`, built by ``build`` in the replica's process.
-
-    Parameters
-    ----------
-    build: makes the synthesizer (engine, worker) around the stores.
-    storage: opens the voice store and caches in this process (the folders, or stand-ins for the storage actor's)
-        and says where the replica's state goes: :func:`open_shared` or :func:`open_served`, bound to its arguments.
-    """
-
-    async def __init__(self, build: Build, storage: Callable[[], tuple[Stores, Reports]]) -> None:  # type: ignore[misc]
-        from ray import serve
-
-        stores, self._reports = await asyncio.to_thread(storage)
-        self.synth = build(stores)
-        await self.synth.warm_up()
-        encoders = getattr(self.synth.engine, "encoders", None)
-        if encoders is not None:  # any replica may be asked to make a voice: HuBERT loads now, not in that request
-            await asyncio.to_thread(encoders.hubert)
-        self.replica = serve.get_replica_context().replica_id.unique_id
-        self.pid = os.getpid()
-        self._reporter = asyncio.create_task(self._report_forever())
-        log.info("synthesis replica %s (pid %d) ready: %s", self.replica, self.pid, self.synth.engine_name)
-
-    async def stream(self, text: str, voice: Voice | str, params: SynthesisParams | None,
-                     remaining_s: float | None) -> AsyncIterator[Served | AudioChunk]:
-        """The request's header, then its chunks; ``remaining_s``: the caller's deadline, as time left."""
-        yield Served(self.replica, self.pid)
-        deadline = None if remaining_s is None else self.synth.clock() + remaining_s
-        chunks = self.synth.stream(text, voice, params, deadline=deadline)
-        try:
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
-
-    async def create_voice(self, order: VoiceOrder, data: bytes, filename: str) -> tuple[Voice, list[str], str]:
-        """Encode and store a voice (in the shared voice folder): (voice, warnings, this replica)."""
-        voice, warnings = await self.synth.voicing.make(order, data, filename)
-        return voice, warnings, self.replica
-
-    async def change_voice(self, change: str, voice_id: str, args: tuple[Any, ...],
-                           kwargs: dict[str, Any]) -> tuple[Voice, list[str]]:
-        """Add clips or a style to a stored voice, or remove a style (``Voicing.add_clips``, ``add_style``,
-        ``remove_style``): (the new version, warnings)."""
-        if change not in _VOICE_CHANGES:
-            raise ValueError(f"unknown voice change {change!r}")
-        voice = await asyncio.to_thread(self.synth.voices.get, voice_id)
-        done: Voice | tuple[Voice, list[str]] = await getattr(self.synth.voicing, change)(voice, *args, **kwargs)
-        return done if isinstance(done, tuple) else (done, [])
-
-    async def precompute(self, voice_id: str, phrases: list[str], params: SynthesisParams | None) -> int:
-        """Compute the prosody of ``phrases`` for a stored voice (background priority); returns how many."""
-        voice = await asyncio.to_thread(self.synth.voices.get, voice_id)
-        return await self.synth.voicing.precompute(voice, phrases, None, params)
-
-    def info(self) -> dict[str, Any]:
-        """The engine this replica runs, and the replica."""
-        s = self.synth
-        return {"engine": s.engine_name, "device": s.device, "precision": s.precision, "replica": self.replica,
-                "pid": self.pid}
-
-    def state(self) -> dict[str, Any]:
-        """Health and load, as written to the state file."""
-        s, m = self.synth, self.synth.metrics()
-        return {"replica": self.replica, "pid": self.pid, "healthy": self._healthy(), "at": time.time(),
-                "queue_depth": m["queue_depth"], "inflight": m["inflight"], "requests": m["requests"],
-                "busy": m["busy"], "queue_size": s.limits.queue_size, "engine": s.engine_name,
-                "device": s.device}
-
-    async def __del__(self) -> None:
-        """Serve's shutdown of this replica (scale-down, redeploy), after its requests are done: stop reporting, say
-        goodbye in the state folder, close the synthesizer. Also called when ``__init__`` failed part way (a model
-        missing): only what was made is undone."""
-        done: dict[str, Any] = vars(self)
-        if "_reporter" in done:
-            self._reporter.cancel()
-            try:
-                await asyncio.to_thread(self._reports.remove, self.replica)
-            except Exception:  # noqa: BLE001 - the state goes stale instead, and is forgotten later
-                log.warning("replica %s could not remove its state", self.replica, exc_info=True)
-        if "synth" in done:
-            await self.synth.close()
-
-    def check_health(self) -> None:
-        """Serve's health check: a replica whose device worker died is restarted."""
-        if not self._healthy():
-            raise RuntimeError(f"replica {self.replica}: the device worker's threads have stopped")
-
-    def _healthy(self) -> bool:
-        return self.synth.worker.alive
-
-    async def _report_forever(self) -> None:
-        while True:
-            try:
-                await asyncio.to_thread(self._reports.write, self.replica, self.state())
-                # a voice deleted through another replica or client: its arrays leave this one's memory too
-                await asyncio.to_thread(self.synth.voices.forget_deleted)
-            except Exception:  # a full disk (or the storage gone) must not stop the replica; the state goes stale
-                log.warning("replica %s could not write its state", self.replica, exc_info=True)
-            await asyncio.sleep(REPORT_S)
 
 
 # ---- connecting --------------------------------------------------------------------------------------------------
@@ -255,9 +69,9 @@ def connect_cluster(build: Build, open_stores: Callable[[], Stores], options: Cl
             raise SpeechError(f"cannot reach the Ray cluster at ray.address={options.address!r}: {e}; start it "
                               "(`make cluster`, or `ray start --head` on the head node) or fix the address") from e
     if options.storage == "served":  # before the replicas: they look it up as they start
-        from synthesis import served
+        from synthesis.cluster.storage import start_storage
 
-        actor = served.start_storage(open_stores, options.app_name, report_dir)
+        actor = start_storage(open_stores, options.app_name, report_dir)
         storage: Callable[[], tuple[Stores, Reports]] = functools.partial(open_served, actor)
     else:
         storage = functools.partial(open_shared, open_stores, str(report_dir))
@@ -331,9 +145,9 @@ def shutdown(app_name: str) -> None:
     from ray import serve
 
     serve.delete(app_name)
-    from synthesis import served
+    from synthesis.cluster.storage import stop_storage
 
-    served.stop_storage(app_name)
+    stop_storage(app_name)
 
 
 # ---- the client --------------------------------------------------------------------------------------------------
@@ -365,7 +179,7 @@ class RemoteSynthesizer:
         self.counters: collections.Counter[str] = collections.Counter()
         self.ttfa_s: collections.deque[float] = collections.deque(maxlen=512)
         self.voicing = RemoteVoicing(self)
-        self._admitted = 0
+        self.admission = Admission(lambda: self.capacity, self.counters)
 
     @property
     def engine_name(self) -> str:
@@ -380,6 +194,11 @@ class RemoteSynthesizer:
         return str(self._info.get("precision", "?"))
 
     @property
+    def sample_rate(self) -> int:
+        """Hz of the replicas' audio (their model's)."""
+        return int(self._info.get("sample_rate", SAMPLE_RATE))
+
+    @property
     def capacity(self) -> int:
         """Requests this client may have in flight: every replica's slots plus Serve's queue."""
         return self.options.capacity_replicas * self.limits.queue_size + self.options.max_queued_requests
@@ -387,32 +206,29 @@ class RemoteSynthesizer:
     @property
     def busy(self) -> bool:
         """True when a new request would be refused at once."""
-        return self._admitted >= self.capacity
+        return self.admission.busy
 
     # ---- speech ------------------------------------------------------------------------------------------------
 
     def stream(self, text: str | AsyncIterator[str], voice: Voice | str, params: SynthesisParams | None = None, *,
-               deadline: float | None = None, priority: int = 0) -> AsyncIterator[AudioChunk]:
+               deadline: float | None = None, priority: int = 0) -> RemoteStream:
         """Yield audio sentence by sentence, from a replica (see ``Synthesizer.stream``; ``deadline`` is in
         ``time.monotonic()`` seconds). A string is one request to one replica; streamed text is spoken sentence by
         sentence as it completes, each sentence its own request (:data:`LOOKAHEAD` ahead)."""
         del priority  # every remote request is live
-        if self._admitted >= self.capacity:
-            self.counters["busy"] += 1
-            return _refused(BusyError(f"all synthesis replicas are full ({self._admitted} requests in flight); "
-                                      "try again in a moment"))
-        self._admitted += 1
-        self.counters["requests"] += 1
-        admitted = _Admitted(self._release)
-        body = (self._one(text, voice, params, deadline, on_served=admitted.serving) if isinstance(text, str)
-                else self._pieces(text, voice, params, deadline, admitted.serving))
-        admitted.start(self._timed(body))
-        return admitted
+        serving = _Serving()
 
-    def _release(self) -> None:
-        self._admitted -= 1
+        def start(release: Callable[[], None]) -> AsyncGenerator[AudioChunk, None]:
+            del release  # the place is given back when the stream ends (the remote body has no early exit)
+            self.counters["requests"] += 1
+            return self._timed(self._one(text, voice, params, deadline, on_served=serving.serve)
+                               if isinstance(text, str) else self._pieces(text, voice, params, deadline, serving.serve))
 
-    async def _timed(self, chunks: AsyncIterator[AudioChunk]) -> AsyncIterator[AudioChunk]:
+        return RemoteStream(self.admission.stream(
+            start, lambda: (f"all synthesis replicas are full ({self.admission.in_flight} requests in flight); "
+                            "try again in a moment")), serving)
+
+    async def _timed(self, chunks: AsyncGenerator[AudioChunk, None]) -> AsyncGenerator[AudioChunk, None]:
         started, first = time.perf_counter(), True
         try:
             async for chunk in chunks:
@@ -422,11 +238,11 @@ class RemoteSynthesizer:
                 yield chunk
             self.counters["completed"] += 1
         finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
+            await chunks.aclose()
 
     async def _one(self, text: str, voice: Voice | str, params: SynthesisParams | None, deadline: float | None,
                    index: int | None = None, *, on_served: Callable[[Served], None] | None = None
-                   ) -> AsyncIterator[AudioChunk]:
+                   ) -> AsyncGenerator[AudioChunk, None]:
         """One remote request: its chunks (their sentence index set to ``index`` when given)."""
         remaining = None if deadline is None else deadline - time.monotonic()
         response = self._handle.options(stream=True, method_name="stream").remote(text, voice, params, remaining)
@@ -448,7 +264,8 @@ class RemoteSynthesizer:
                 _cancel(response)  # the caller went away (or it failed): stop the replica's work
 
     async def _pieces(self, pieces: AsyncIterator[str], voice: Voice | str, params: SynthesisParams | None,
-                      deadline: float | None, on_served: Callable[[Served], None]) -> AsyncIterator[AudioChunk]:
+                      deadline: float | None, on_served: Callable[[Served], None]
+                      ) -> AsyncGenerator[AudioChunk, None]:
         """Streamed text: each complete sentence a request, up to :data:`LOOKAHEAD` ahead, yielded in order."""
         p = params or self.defaults
         ahead: asyncio.Queue[asyncio.Queue[AudioChunk | BaseException | None] | None] = asyncio.Queue(LOOKAHEAD)
@@ -553,7 +370,7 @@ class RemoteSynthesizer:
         live = [s for s in self.replicas() if s["healthy"]]
         c = self.counters
         return {
-            "queue_depth": sum(int(s["queue_depth"]) for s in live), "inflight": self._admitted,
+            "queue_depth": sum(int(s["queue_depth"]) for s in live), "inflight": self.admission.in_flight,
             "requests": c["requests"], "busy": c["busy"], "completed": c["completed"],
             "replica_failures": c["replica_failed"], "remote_errors": c["remote_error"],
             "replicas": len(live), "ttfa_s": list(self.ttfa_s),
@@ -608,15 +425,17 @@ class RemoteVoicing:
     async def stop_precompute(self, voice_id: str | None = None) -> None:
         await self._precomputing.stop(voice_id)
 
-    async def add_clips(self, voice: Voice, uploads: Sequence[tuple[bytes, str]]) -> tuple[Voice, list[str]]:
+    async def add_clips(self, voice: Voice, uploads: Sequence[tuple[bytes, str]], *,
+                        consent: Mapping[str, Any]) -> tuple[Voice, list[str]]:
         """As ``Voicing.add_clips``, on a replica."""
-        return await self.synth.call("change_voice", "add_clips", voice.id, (list(uploads),), {})
+        return await self.synth.call("change_voice", "add_clips", voice.id, (list(uploads),),
+                                     {"consent": dict(consent)})
 
-    async def add_style(self, voice: Voice, style: str, data: bytes, filename: str, *, transcript: str = "",
-                        language: str = "auto") -> tuple[Voice, list[str]]:
+    async def add_style(self, voice: Voice, style: str, data: bytes, filename: str, *, consent: Mapping[str, Any],
+                        transcript: str = "", language: str = "auto") -> tuple[Voice, list[str]]:
         """As ``Voicing.add_style``, on a replica."""
         return await self.synth.call("change_voice", "add_style", voice.id, (style, data, filename),
-                                     {"transcript": transcript, "language": language})
+                                     {"consent": dict(consent), "transcript": transcript, "language": language})
 
     async def remove_style(self, voice: Voice, style: str) -> Voice:
         """As ``Voicing.remove_style``, on a replica."""
@@ -631,48 +450,35 @@ class RemoteVoicing:
 # ---- helpers -----------------------------------------------------------------------------------------------------
 
 
-class _Admitted:
-    """A request's chunks; gives its admission back once, however the stream ends (also never iterated).
+class _Serving:
+    """The replica serving a request, once known (for streamed text: the one serving its latest sentence)."""
 
-    ``served``: the replica serving it, once known (for streamed text: the one serving its latest sentence).
-    """
-
-    def __init__(self, release: Callable[[], None]) -> None:
-        self._chunks: AsyncIterator[AudioChunk] | None = None
-        self._release: Callable[[], None] | None = release
+    def __init__(self) -> None:
         self.served: Served | None = None
 
-    def start(self, chunks: AsyncIterator[AudioChunk]) -> None:
-        self._chunks = chunks
-
-    def serving(self, served: Served) -> None:
+    def serve(self, served: Served) -> None:
         self.served = served
 
-    def _give_back(self) -> None:
-        if self._release is not None:
-            self._release()
-            self._release = None
 
-    def __aiter__(self) -> _Admitted:
+class RemoteStream:
+    """A remote request's chunks (an admitted stream) and the replica serving it (:attr:`served`, once known)."""
+
+    def __init__(self, chunks: AdmittedStream, serving: _Serving) -> None:
+        self._chunks = chunks
+        self._serving = serving
+
+    @property
+    def served(self) -> Served | None:
+        return self._serving.served
+
+    def __aiter__(self) -> RemoteStream:
         return self
 
     async def __anext__(self) -> AudioChunk:
-        assert self._chunks is not None, "started by RemoteSynthesizer.stream"
-        try:
-            return await anext(self._chunks)
-        except BaseException:
-            self._give_back()
-            raise
+        return await anext(self._chunks)
 
     async def aclose(self) -> None:
-        try:
-            if self._chunks is not None:
-                await self._chunks.aclose()  # type: ignore[attr-defined]
-        finally:
-            self._give_back()
-
-    def __del__(self) -> None:
-        self._give_back()
+        await self._chunks.aclose()
 
 
 def _cancel(response: Any) -> None:
@@ -682,8 +488,3 @@ def _cancel(response: Any) -> None:
         response.cancel()
     except Exception:  # noqa: BLE001 - see above
         log.debug("cancelling a request that never reached a replica", exc_info=True)
-
-
-async def _refused(error: BaseException) -> AsyncIterator[AudioChunk]:
-    raise error
-    yield  # pragma: no cover - makes this an async generator
