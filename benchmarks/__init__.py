@@ -36,7 +36,11 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="any of naive, torch, int8, onnx, graph (the onnx engine with its GPT step graphs instead of "
                          "the fused CPU step), voc32 (the onnx engine with int8 GPT and the fp32 vocoder that auto's int8 "
                          "vocoder replaces; with pipeline: its pipeline rows too), pipeline, accuracy (int8 vs fp32, teacher-forced), families (the vocoder RTF of "
-                         "v2, v2Pro and v2ProPlus on torch and onnx)")
+                         "v2, v2Pro and v2ProPlus on torch and onnx), dit (the DiT ms per step and 48 kHz vocoder RTF "
+                         "of the diffusion families, each decoder path beside the naive one; not in the default)")
+    sp.add_argument("--dit-families", default="v4,v5turbo,v5dev", help="families the dit rows measure")
+    sp.add_argument("--dit-frames", type=int, default=1000,
+                    help="frames per DiT sampler call in the dit rows (real size; 1000: a whole chunk)")
     sp.add_argument("--contend", default="0", help="busy-looping processes beside the measurements: N, or 0,1")
     sp.add_argument("--batches", default="1,8")
     sp.add_argument("--steps", type=int, default=100, help="decode steps per measurement (100: a 4 s sentence)")

@@ -214,7 +214,7 @@ def _peak_mem_mb(device: str) -> float:
 
 
 def _requests(batch: int, steps: int, rng: np.random.Generator):  # type: ignore[no-untyped-def]
-    from engines import SamplingParams, SemanticRequest, VoicePrompt
+    from engines.base import SamplingParams, SemanticRequest, VoicePrompt
 
     voice = VoicePrompt(prompt_tokens=rng.integers(0, 1024, PROMPT_TOKENS).astype(np.int64),
                         ge=np.zeros((512, 1), np.float32),
@@ -272,7 +272,7 @@ def _naive_tokens_per_s(gpt: Any, steps: int) -> float:
 def _ttfa_and_rtf(engine: Any, decode_gpt: Callable[[Any], np.ndarray], gin: int) -> tuple[float, float]:
     """Time to first audio for a 10-word sentence (median of a few passes after a warm-up one), and the RTF of a
     4-sentence text (no overlap credit)."""
-    from synthesis import text_to_phonemes
+    from synthesis.text import text_to_phonemes
 
     rng = np.random.default_rng(1)
     (req,) = _requests(1, TOKENS_10_WORDS, rng)
@@ -600,7 +600,7 @@ async def _bench_pipeline(models: Any, tmp: Path, size: str, device: str, thread
     same text in Chinese cold (its sentences run the BERT too)."""
     import dataclasses
 
-    from bot import config_from_dict
+    from bot.config import config_from_dict
     from bot.services import build_local_synthesizer
     from synthesis import SynthesisParams
 
@@ -775,15 +775,23 @@ def run_bench(config: Any, args: argparse.Namespace) -> int:
     pipeline_rows: list[PipelineRow] = []
     accuracy: list[AccuracyRow] = []
     vocoders: list[VocoderRow] = []
+    dit_rows: list[Any] = []
     for contend in levels:
         for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
-            r, p, a, v = bench_size(size, engines, batches, args.steps, device, threads, contend,
-                                    info["read_gb_s"] if device == "cpu" else None)
-            rows.extend(r)
-            pipeline_rows.extend(p)
-            accuracy.extend(a)
-            vocoders.extend(v)
-    print(format_table(rows))
+            if [e for e in engines if e != "dit"]:
+                r, p, a, v = bench_size(size, engines, batches, args.steps, device, threads, contend,
+                                        info["read_gb_s"] if device == "cpu" else None)
+                rows.extend(r)
+                pipeline_rows.extend(p)
+                accuracy.extend(a)
+                vocoders.extend(v)
+            if "dit" in engines:
+                from benchmarks.dit import bench_dit
+
+                dit_rows.extend(bench_dit([f.strip() for f in args.dit_families.split(",") if f.strip()], [size],
+                                          args.dit_frames, threads, contend, _isolated, Contention))
+    if rows:
+        print(format_table(rows))
     if pipeline_rows:
         print()
         print(format_pipeline_table(pipeline_rows))
@@ -793,9 +801,14 @@ def run_bench(config: Any, args: argparse.Namespace) -> int:
     if accuracy:
         print()
         print(format_accuracy_table(accuracy))
+    if dit_rows:
+        from benchmarks.dit import format_dit_table
+
+        print()
+        print(format_dit_table(dit_rows))
     if args.json:
         args.json.write_text(json.dumps({"meta": info, "rows": [asdict(r) for r in rows] + [
             {"engine": "pipeline", **asdict(p)} for p in pipeline_rows], "accuracy": [asdict(a) for a in accuracy],
-            "families": [asdict(v) for v in vocoders]}, indent=1))
+            "families": [asdict(v) for v in vocoders], "dit": [asdict(d) for d in dit_rows]}, indent=1))
         print(f"wrote {args.json}")
     return 0

@@ -27,9 +27,12 @@ from typing import Any, Awaitable, Callable
 import aiohttp
 import numpy as np
 
-from bot import Services, start_server
+from bot import Services
+from bot.http import start_server
 from bot.services import build_local_synthesizer
-from synthesis import SAMPLE_RATE, SpeechError, SynthesisParams, Synthesizer, Voice, encode_audio
+from engines.base import SAMPLE_RATE
+from synthesis import SpeechError, SynthesisParams, Synthesizer, Voice
+from synthesis.audio import encode_audio
 
 log = logging.getLogger(__name__)
 

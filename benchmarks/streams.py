@@ -32,7 +32,9 @@ import numpy as np
 
 from benchmarks.http import CONSENT, LANGUAGE, TRANSCRIPT, WARMUP_TEXT, bench_config, synthetic_speech
 from bot.services import build_local_synthesizer
-from synthesis import SAMPLE_RATE, SpeechError, SynthesisParams, Synthesizer, Voice, encode_audio
+from engines.base import SAMPLE_RATE
+from synthesis import SpeechError, SynthesisParams, Synthesizer, Voice
+from synthesis.audio import encode_audio
 
 log = logging.getLogger(__name__)
 

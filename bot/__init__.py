@@ -1,60 +1,36 @@
 """The process: CLI, config, the discord.py client, per-guild speakers, the SQLite store, HTTP API, chat client.
 
-This is the surface the cogs use: the client and the services it carries, the speech service with the refusals a
-command answers, the chat client, and the settings tables. Every name loads on first use (module ``__getattr__``),
-so ``import bot.config`` (the CLI, the HTTP server, the tests) does not import discord.py.
+The face is what the cogs need: the client and the services it carries, and what they name from the layers below (the
+error root, a voice, the refusals and checks of voice names and languages), so that a cog imports ``bot`` and nothing
+under it. The rest is imported from the module that owns it: :mod:`bot.speech` (speaking in a guild),
+:mod:`bot.autoread` (which messages are read aloud), :mod:`bot.chat`, :mod:`bot.store` (the settings tables),
+:mod:`bot.pronunciations`, :mod:`bot.config`, :mod:`bot.services`, :mod:`bot.http`. Every name loads on first use,
+so ``import bot.config`` (the CLI, the HTTP server, the tests) does not import discord.py or the voice store.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from engines.lazy import lazy_face
 
 if TYPE_CHECKING:
-    from bot.chat import ChatClient, ChatError
     from bot.client import VoiceBot
-    from bot.config import config_from_dict
-    from bot.http import start_server
-    from bot.pronunciations import PronunciationFile, Pronunciations, explain_phonemes, format_explanation
-    from bot.services import Services, build_synthesizer
-    from bot.speaker import NotInVoice
-    from bot.speech import NoVoice, SpeechService
-    from bot.store import GUILD_SETTINGS, USER_SETTINGS, SettingDef, setting_def
+    from bot.services import Services
+    from synthesis import SpeechError, Voice
+    from synthesis.text import speakable_languages
+    from synthesis.types import VoiceNotFound
+    from synthesis.voices import VoiceError, check_name
 
 __all__ = [
     # the client and the services injected into it
     "VoiceBot", "Services",
-    # speaking in a guild, and the refusals a command turns into a reply
-    "SpeechService", "NoVoice", "NotInVoice",
-    # the chat model
-    "ChatClient", "ChatError",
-    # the guild and user settings /settings and /set work with
-    "GUILD_SETTINGS", "USER_SETTINGS", "SettingDef", "setting_def",
-    # pronunciation dictionaries (guild and user in the store, the HTTP API's file) and what will be said
-    "Pronunciations", "PronunciationFile", "explain_phonemes", "format_explanation",
-    # the process's parts built from a config, for the tools beside it (the benchmarks): a config from a dict, the
-    # synthesizer, the HTTP API on a port
-    "config_from_dict", "build_synthesizer", "start_server",
+    # what a cog names from below: the error root, a voice, no such voice, a voice that cannot be stored as asked, a
+    # voice name's check, the languages this build can read
+    "SpeechError", "Voice", "VoiceNotFound", "VoiceError", "check_name", "speakable_languages",
 ]
 
-_LAZY = {  # name -> the module that defines it, imported on first use
-    "VoiceBot": "bot.client", "Services": "bot.services",
-    "SpeechService": "bot.speech", "NoVoice": "bot.speech", "NotInVoice": "bot.speaker",
-    "ChatClient": "bot.chat", "ChatError": "bot.chat",
-    "config_from_dict": "bot.config", "build_synthesizer": "bot.services", "start_server": "bot.http",
-    "GUILD_SETTINGS": "bot.store", "USER_SETTINGS": "bot.store", "SettingDef": "bot.store", "setting_def": "bot.store",
-    "Pronunciations": "bot.pronunciations", "PronunciationFile": "bot.pronunciations",
-    "explain_phonemes": "bot.pronunciations", "format_explanation": "bot.pronunciations",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_face(__name__, __all__, {
+    "bot.client": ["VoiceBot"], "bot.services": ["Services"], "synthesis": ["SpeechError", "Voice"],
+    "synthesis.types": ["VoiceNotFound"], "synthesis.voices": ["VoiceError", "check_name"],
+    "synthesis.text": ["speakable_languages"]})

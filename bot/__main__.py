@@ -341,7 +341,8 @@ def _say(config: Any, args: argparse.Namespace) -> int:
 
 def _check_language(language: str | None, option: str) -> None:
     """Refuse, in one line and before any model loads, an unknown language code or one this build cannot read."""
-    from synthesis import LANGUAGES, check_speakable
+    from synthesis.text import check_speakable
+    from synthesis.types import LANGUAGES
 
     if language is None:
         return
@@ -352,7 +353,7 @@ def _check_language(language: str | None, option: str) -> None:
 
 def _read_clip(config: Any, path: Path) -> bytes:
     """A clip's bytes, refused in one line when it is missing, not a file or too large (checked before reading)."""
-    from synthesis import read_upload_file
+    from synthesis.audio import read_upload_file
 
     from bot.services import MB
 
@@ -380,7 +381,7 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
     import dataclasses
 
     from bot.services import build_synthesizer, default_params
-    from synthesis import encode_audio
+    from synthesis.audio import encode_audio
 
     t_load = time.perf_counter()
     synth = build_synthesizer(config)
@@ -456,7 +457,7 @@ async def _say_async(config: Any, args: argparse.Namespace) -> int:
 
 
 def _voices_add(config: Any, args: argparse.Namespace) -> int:
-    from synthesis import check_name
+    from synthesis.voices import check_name
 
     check_name(args.name)  # what the store would refuse is refused before the clip is read or encoded
     _check_language(args.lang, "--lang")
@@ -525,7 +526,7 @@ def _voices_add_clip(config: Any, args: argparse.Namespace) -> int:
 
 
 def _voices_add_style(config: Any, args: argparse.Namespace) -> int:
-    from synthesis import check_name
+    from synthesis.voices import check_name
 
     check_name(args.style, "style name")
     _check_language(args.lang, "--lang")
@@ -599,7 +600,8 @@ def _kept_seconds(meta: dict[str, Any]) -> str:
 
 
 def _voices_delete(config: Any, args: argparse.Namespace) -> int:
-    from synthesis import SynthesisCache, VoiceStore
+    from synthesis.cache import SynthesisCache
+    from synthesis.voices import VoiceStore
 
     from bot.services import MB
 
@@ -669,7 +671,7 @@ async def _with_dictionaries(config: Any, fn: Any) -> Any:
 
 def _read_dictionary(config: Any, args: argparse.Namespace) -> Any:
     """The dictionary --guild/--user/--http/--dict names, or None."""
-    from synthesis import Lexicon
+    from synthesis.text import Lexicon
 
     from bot.pronunciations import PronunciationFile
 

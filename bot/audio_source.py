@@ -20,7 +20,8 @@ import time
 import discord
 import numpy as np
 
-from synthesis import StreamResampler, to_pcm16
+from synthesis.audio import StreamResampler
+from synthesis.types import to_pcm16
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 An unknown or mistyped key, or a value that the object using it would refuse, is a :class:`ConfigError` that names
 the dotted key ("synthesis.top_k must be a whole number >= 1, got 0"). The ``synthesis:`` and ``voices:`` defaults
-are those of the objects they load into (:class:`synthesis.SynthesisParams`, :class:`synthesis.Limits`), written
+are those of the objects they load into (:class:`synthesis.SynthesisParams`, :class:`synthesis.types.Limits`), written
 there once. Relative paths are resolved against the folder of the config file. Secrets (Discord token, API keys)
 are never in the file: the file names the environment variable that holds them.
 """
@@ -24,7 +24,9 @@ from typing import Any
 import yaml
 
 from bot.downloads import DEFAULT_FAMILY, G2PW_URL, MODEL_SETS, TEXT_BASE_URL
-from synthesis import ClusterOptions, Limits, SpeechError, SynthesisParams
+from synthesis import SpeechError, SynthesisParams
+from synthesis.cluster.options import ClusterOptions
+from synthesis.types import Limits
 
 
 class ConfigError(SpeechError):
@@ -62,6 +64,12 @@ def _family_vocoder(values: dict[str, Any]) -> Path | None:
     return Path(values["dir"]) / vocoder if vocoder is not None else None
 
 
+def _family_base(values: dict[str, Any]) -> Path | None:
+    """models.sovits_base's default: the chosen diffusion family's pretrained SoVITS under ``models.dir``, else None."""
+    family = MODEL_SETS.get(values["family"])
+    return Path(values["dir"]) / family.sovits.path if family is not None and family.vocoder is not None else None
+
+
 @dataclass(frozen=True)
 class ModelsConfig:
     dir: Path = Path("models")
@@ -77,6 +85,9 @@ class ModelsConfig:
     # v3/v4/v5 SoVITS only: its vocoder (null: the family's pretrained vocoder.pth under dir; with family auto, the one
     # beside the SoVITS file, as upstream lays them out)
     vocoder: Path | None = field(default=None, metadata={"default_from": _family_vocoder})
+    # v3/v4 LoRA SoVITS only: the pretrained SoVITS it was trained on, merged under it at load (null: the family's
+    # pretrained SoVITS under dir, which `models download` fetches; with family auto, set it)
+    sovits_base: Path | None = field(default=None, metadata={"default_from": _family_base})
     download_base_url: str = "https://huggingface.co/lj1995/GPT-SoVITS/resolve/main"
     # the text front-end's optional files (upstream's English dictionaries, the G2PW polyphone model): fetched by
     # `models download` and read from dir where present; false: neither (the front-end uses its packages' data)
@@ -93,10 +104,11 @@ class ModelsConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    backend: str = "auto"  # auto | torch | onnx | tensorrt (auto: onnx on CPU; see engines.loader.CPU_AUTO_BACKEND)
+    backend: str = "auto"  # auto | torch | onnx | tensorrt (auto: onnx on CPU; see engines.plan)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto | fp32 | fp16 | bf16 | int8 (auto: fp16 on GPU, int8 on CPU)
     vocoder_precision: str = "auto"  # auto | fp32 | int8 (int8: the onnx engine on a CPU; see engines.vocoder_int8)
+    gpt_runner: str = "auto"  # auto | fused | graphs | torch: how the GPT decodes (see engines.plan)
     threads: int = 0  # CPU threads for torch/onnxruntime; 0 = all cores
     max_batch: int = 8  # most sentences decoded together by the GPT
     cuda_graphs: bool = True
@@ -108,6 +120,7 @@ class EngineConfig:
         _check_choice("backend", self.backend, ("auto", "torch", "onnx", "tensorrt"))
         _check_choice("precision", self.precision, ("auto", "fp32", "fp16", "bf16", "int8"))
         _check_choice("vocoder_precision", self.vocoder_precision, ("auto", "fp32", "int8"))
+        _check_choice("gpt_runner", self.gpt_runner, ("auto", "fused", "graphs", "torch"))
         if not (self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device)):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         _check_at_least("threads", self.threads, 0)
@@ -120,7 +133,7 @@ class SynthesisConfig:
     """``synthesis:``: the default per-request options and the pipeline's limits, side by side in one mapping.
 
     Each key's default and check are those of the object it is loaded into: :class:`synthesis.SynthesisParams`
-    (:attr:`params`) or :class:`synthesis.Limits` (with the ``voices:`` section, :attr:`Config.limits`).
+    (:attr:`params`) or :class:`synthesis.types.Limits` (with the ``voices:`` section, :attr:`Config.limits`).
     """
 
     language: str = _PARAMS.language
@@ -181,7 +194,7 @@ class CacheConfig:
 class RayConfig:
     """``ray:``: the synthesis replicas on Ray Serve, used when ``synthesis.backend`` is ``ray``.
 
-    Each key's default and check are those of :class:`synthesis.ClusterOptions` (:attr:`options`).
+    Each key's default and check are those of :class:`synthesis.cluster.options.ClusterOptions` (:attr:`options`).
     """
 
     address: str = _CLUSTER.address

@@ -1,6 +1,6 @@
 """Pronunciation dictionaries where they live: a guild's and a user's in the store, the HTTP API's in a JSON file.
 
-The entries themselves (validation, matching, the file format) are ``synthesis.Lexicon``'s; here they are kept.
+The entries themselves (validation, matching, the file format) are ``synthesis.text.Lexicon``'s; here they are kept.
 Every change is checked whole before anything is written, and written at once: an import is one SQLite
 transaction, the HTTP API's file is replaced by a complete temporary file (``os.replace``). A member's messages are
 read with their guild's dictionary and their own on top (:meth:`Pronunciations.for_member`).
@@ -17,7 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from synthesis import Lexicon, LexiconError, SpeechError, explain_text, make_entry
+from synthesis import SpeechError
+from synthesis.text import Lexicon, LexiconError, explain_text, make_entry
 
 from bot.store import Store
 
@@ -76,7 +77,7 @@ class Pronunciations:
         return entry is not None and await self.store.remove_pronunciation(scope, owner_id, entry.key)
 
     async def export(self, scope: str, owner_id: int) -> bytes:
-        """The dictionary as a file (``synthesis.Lexicon`` format)."""
+        """The dictionary as a file (``synthesis.text.Lexicon`` format)."""
         return (await self.lexicon(scope, owner_id)).to_file()
 
     async def import_file(self, scope: str, owner_id: int, data: bytes, *, replace: bool = False) -> tuple[int, int]:

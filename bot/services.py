@@ -13,14 +13,17 @@ from bot.downloads import G2PW_DIR, TEXT_DIR, english_installed, g2pw_installed
 from bot.pronunciations import PronunciationFile
 from bot.voice_service import VoiceService
 from engines import load_engine
-from synthesis import (DeviceWorker, SpeechBackend, SynthesisCache, SynthesisParams, Synthesizer, VoiceStore,
-                       configure_frontend, connect_cluster)
+from synthesis import SpeechBackend, SynthesisParams, Synthesizer, connect_cluster
+from synthesis.cache import SynthesisCache
+from synthesis.scheduler import DeviceWorker
+from synthesis.text import configure_frontend
+from synthesis.voices import VoiceStore
 
 if TYPE_CHECKING:
     from bot.chat import ChatClient
     from bot.speech import SpeechService
     from bot.store import Store
-    from synthesis import RemoteSynthesizer
+    from synthesis.cluster.client import RemoteSynthesizer
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ def build_synthesizer(config: Config) -> SpeechBackend:
 
     With ``synthesis.backend: ray`` the engine runs on Ray Serve replicas instead (each replica builds its own
     local synthesizer with :func:`build_local_synthesizer`), and this returns the client that stands in for it:
-    :class:`synthesis.RemoteSynthesizer`, with the same surface (:class:`synthesis.SpeechBackend`).
+    :class:`synthesis.cluster.client.RemoteSynthesizer`, with the same surface (:class:`synthesis.SpeechBackend`).
     """
     if config.synthesis.backend == "ray":
         return connect_replicas(config)

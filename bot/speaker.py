@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, Sequence
 
-from synthesis import SpeechError, SpeechSynthesizer, SynthesisParams, Voice
+from synthesis import SpeechError, SynthesisParams, Voice
+from synthesis.types import SpeechSynthesizer
 
 from bot.audio_source import DEFAULT_BUFFER_S, StreamAudioSource
 from bot.dave_voice import DaveVoiceClient

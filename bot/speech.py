@@ -24,7 +24,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
-from synthesis import BusyError, SpeechBackend, SpeechError, SynthesisParams, Voice, with_style
+from synthesis import SpeechBackend, SpeechError, SynthesisParams, Voice
+from synthesis.styles import with_style
+from synthesis.types import BusyError
 
 from bot.config import Config
 from bot.pronunciations import Pronunciations

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
-from synthesis import SpeechError, speakable_languages
+from synthesis import SpeechError
+from synthesis.text import speakable_languages
 
 log = logging.getLogger(__name__)
 

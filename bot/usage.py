@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 from typing import AsyncGenerator, AsyncIterator
 
-from synthesis import AudioChunk, AudioStream, SpeechSynthesizer, SynthesisParams, Voice
+from synthesis import SynthesisParams, Voice
+from synthesis.types import AudioChunk, AudioStream, SpeechSynthesizer
 
 from bot.store import Store, StoreError
 

@@ -27,11 +27,14 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from synthesis import VoiceError, VoiceNotFound
+from synthesis.types import VoiceNotFound
+from synthesis.voices import VoiceError
 
 if TYPE_CHECKING:
     from bot.store import Store
-    from synthesis import SpeechBackend, Voice, VoiceMaker, VoiceStore
+    from synthesis import SpeechBackend, Voice
+    from synthesis.backend import VoiceMaker
+    from synthesis.voices import VoiceStore
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +278,7 @@ class VoiceService:
 
     async def preview_wav(self, text: str, voice: Voice, max_s: float = PREVIEW_MAX_S) -> bytes:
         """``text`` spoken by ``voice`` as a 16-bit WAV file, at most ``max_s`` seconds."""
-        from synthesis import encode_audio  # the audio codecs load only when a preview is asked for
+        from synthesis.audio import encode_audio  # the audio codecs load only when a preview is asked for
 
         assert self.synthesizer is not None, "previews need the synthesizer"
         pieces, rate, total = [], 32000, 0

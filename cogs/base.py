@@ -15,7 +15,7 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from synthesis import SpeechError, Voice
+from bot import SpeechError, Voice
 
 if TYPE_CHECKING:
     from bot import Services, VoiceBot

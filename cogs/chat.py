@@ -22,9 +22,11 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot import ChatClient, ChatError, NotInVoice, NoVoice
+from bot import SpeechError
+from bot.chat import ChatClient, ChatError
+from bot.speaker import NotInVoice
+from bot.speech import NoVoice
 from cogs.base import ReplyingCog, UsageError, describe_error, guild_member, send_ephemeral
-from synthesis import SpeechError
 
 if TYPE_CHECKING:
     from bot import VoiceBot

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import discord
 from discord import app_commands
 
+from bot import Voice, VoiceNotFound
 from cogs.base import MAX_CHOICES, ReplyingCog, UsageError, guild_member, send_ephemeral
-from synthesis import Voice, VoiceNotFound
 
 if TYPE_CHECKING:
     from bot import VoiceBot

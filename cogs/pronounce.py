@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import discord
 from discord import app_commands
 
-from bot import Pronunciations, explain_phonemes, format_explanation
+from bot.pronunciations import Pronunciations, explain_phonemes, format_explanation
 from cogs.base import MAX_CHOICES, ReplyingCog, UsageError, guild_member, is_admin, send_ephemeral
 
 if TYPE_CHECKING:

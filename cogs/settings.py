@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import discord
 from discord import app_commands
 
-from bot import GUILD_SETTINGS, USER_SETTINGS, SettingDef, setting_def
+from bot import VoiceNotFound
+from bot.store import GUILD_SETTINGS, USER_SETTINGS, SettingDef, setting_def
 from cogs.base import (
     MAX_CHOICES,
     ReplyingCog,
@@ -24,7 +25,6 @@ from cogs.base import (
     usable_voices,
     voice_autocomplete,
 )
-from synthesis import VoiceNotFound
 
 if TYPE_CHECKING:
     from bot import VoiceBot

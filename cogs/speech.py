@@ -1,44 +1,28 @@
 """Speaking in voice channels: ``/join /leave /say /skip /clear``, auto-read, and "Speak with my voice".
 
 The work happens in :mod:`bot.speech`, which also applies the guild's reading policy (bots, roles, who is in voice,
-autojoin); this cog picks the messages of the auto-read channel (or the bot's voice chat), feeds discord.py's voice
-and guild events to the speech service, and tells the guild when queued speech fails.
-Another bot that streams its answer by editing one message is followed: each edit's new text is handed on as a
-stream, so each sentence is spoken once, as soon as it is complete, in the voice the guild gave that bot.
+autojoin), and :mod:`bot.autoread`, which picks the messages read aloud without a command (the auto-read channel, the
+bot's voice chat, bots that stream by editing). This cog hands them discord.py's message, voice and guild events, and
+tells the guild when queued speech fails.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import logging
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import discord
 from discord import app_commands
 from discord.ext import commands
 
+from bot.autoread import AutoReader
 from cogs.base import ReplyingCog, UsageError, guild_member, reply_error, send_ephemeral, style_autocomplete
-from synthesis import SpeechError
 
 if TYPE_CHECKING:
-    from bot import SpeechService, VoiceBot
+    from bot import VoiceBot
+    from bot.speech import SpeechService
 
 log = logging.getLogger(__name__)
-
-EDIT_SETTLE_S = 4.0  # seconds without an edit after which a followed bot's message counts as finished
-FOLLOW_MEMORY = 256  # followed messages remembered (what was already spoken of each)
-READABLE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
-
-
-@dataclass
-class _Followed:
-    """A streamed bot message: the text already handed on, and the live stream of new text (if any)."""
-
-    seen: str = ""
-    queue: asyncio.Queue[str] | None = None
 
 
 class SpeechCog(ReplyingCog):
@@ -46,7 +30,8 @@ class SpeechCog(ReplyingCog):
 
     def __init__(self, bot: VoiceBot) -> None:
         super().__init__(bot)
-        self._followed: collections.OrderedDict[int, _Followed] = collections.OrderedDict()
+        speech = self.services.speech  # None in a process without speech (`serve`): nothing is read aloud
+        self.autoread = AutoReader(speech, self.store, self.voices) if speech is not None else None
         self._report_channels: dict[int, int] = {}  # guild id -> channel id of the last command there
         self.ctx_menu = app_commands.ContextMenu(name="Speak with my voice", callback=self.speak_message)
         self.ctx_menu.guild_only = True
@@ -140,96 +125,17 @@ class SpeechCog(ReplyingCog):
         """Context menus get no cog error handler from discord.py; route them to the same replies."""
         await reply_error(interaction, error)
 
-    # ---- auto-read -------------------------------------------------------------------------------------------------
+    # ---- auto-read (bot.autoread decides) -------------------------------------------------------------------------
 
     @commands.Cog.listener()
     async def on_message(self, message: discord.Message) -> None:
-        try:
-            await self._autoread(message)
-        except SpeechError as e:  # queue full, no voice: the author is not waiting on a reply, so just log
-            log.info("auto-read skipped a message in guild %s: %s", message.guild and message.guild.id, e)
-
-    async def _autoread(self, message: discord.Message) -> None:
-        """Read a message of the auto-read channel (or the bot's voice chat); ``bot.speech`` applies the policy."""
-        guild = message.guild
-        if guild is None or self.services.speech is None or message.type not in READABLE_TYPES:
-            return
-        if self.bot.user is not None and message.author.id == self.bot.user.id:
-            return
-        settings = await self.store.guild_settings(guild.id)
-        if not _is_autoread_channel(message.channel, settings, self.speech.speaker(guild.id)):
-            return
-        bot_voice = settings["bot_voices"].get(message.author.id)
-        if bot_voice is not None:  # a bot the guild gave a voice: read it, following its edits
-            await self._follow(message, message.content, bot_voice)
-            return
-        if message.webhook_id is not None and settings["ignore_bots"]:
-            return
-        await self.speech.say(guild, message.author, message.content, source="autoread",
-                              attachments=message.attachments, mentions=message.mentions)
-
-    # ---- following a bot that streams by editing -------------------------------------------------------------------
+        if self.autoread is not None:
+            await self.autoread.on_message(message, self.bot.user.id if self.bot.user is not None else None)
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
-        followed = self._followed.get(payload.message_id)
-        if followed is None or payload.guild_id is None:
-            return
-        content = payload.data.get("content")
-        if content is None:  # an embed-only update
-            return
-        try:
-            await self._follow(payload.message, content, None)
-        except SpeechError as e:
-            log.info("stopped following message %d: %s", payload.message_id, e)
-
-    async def _follow(self, message: discord.Message, content: str, voice_id: str | None) -> None:
-        """Hand on the text of ``message`` that was not handed on before; start a stream when none is open."""
-        followed = self._followed.get(message.id)
-        if followed is None:
-            if voice_id is None:
-                return
-            followed = self._followed[message.id] = _Followed()
-            while len(self._followed) > FOLLOW_MEMORY:
-                self._followed.popitem(last=False)
-        self._followed.move_to_end(message.id)
-        if not content.startswith(followed.seen):  # rewritten: only text beyond what was handed on is new
-            log.debug("message %d was rewritten; continuing after char %d", message.id, len(followed.seen))
-        delta = content[len(followed.seen):]
-        followed.seen = content if len(content) > len(followed.seen) else followed.seen
-        if not delta:
-            return
-        if followed.queue is not None:
-            followed.queue.put_nowait(delta)
-            return
-        guild = message.guild
-        assert guild is not None
-        settings = await self.store.guild_settings(guild.id)
-        voice_id = voice_id or settings["bot_voices"].get(message.author.id)
-        if voice_id is None:  # the guild took the bot's voice away
-            return
-        voice = await self.voices.get(voice_id)
-        queue: asyncio.Queue[str] = asyncio.Queue()
-        queue.put_nowait(delta)
-        followed.queue = queue
-        try:
-            await self.speech.say_stream(guild, message.author, self._pieces(followed, queue), voice=voice)
-        except BaseException:
-            followed.queue = None
-            raise
-
-    async def _pieces(self, followed: _Followed, queue: asyncio.Queue[str]) -> AsyncIterator[str]:
-        """The new text of a followed message, until it has not been edited for ``EDIT_SETTLE_S``."""
-        try:
-            while True:
-                try:
-                    yield await asyncio.wait_for(queue.get(), EDIT_SETTLE_S)
-                except asyncio.TimeoutError:
-                    if queue.empty():
-                        return
-        finally:
-            if followed.queue is queue:
-                followed.queue = None  # a later edit opens a new stream with the text after this one
+        if self.autoread is not None:
+            await self.autoread.on_edit(payload)
 
     # ---- voice connection events, errors of queued speech ----------------------------------------------------------
 
@@ -288,13 +194,6 @@ class SpeechCog(ReplyingCog):
 def _member_channel(member: discord.Member) -> Any:
     """The voice channel the member is in, or None."""
     return member.voice.channel if member.voice is not None else None
-
-
-def _is_autoread_channel(channel: Any, settings: dict[str, Any], speaker: Any) -> bool:
-    """The guild's auto-read channel, or (``read_voice_chat``) the text chat of the bot's voice channel."""
-    if settings["autoread_channel"] is not None and channel.id == settings["autoread_channel"]:
-        return True
-    return bool(settings["read_voice_chat"] and speaker.channel is not None and channel.id == speaker.channel.id)
 
 
 def _queued_text(ahead: Any) -> str:

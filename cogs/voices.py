@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import discord
 from discord import app_commands
 
+from bot import SpeechError, Voice, speakable_languages
 from cogs.base import (
     ReplyingCog,
     describe_error,
@@ -31,7 +32,6 @@ from cogs.base import (
     usable_voices,
     voice_autocomplete,
 )
-from synthesis import SpeechError, Voice, speakable_languages
 
 if TYPE_CHECKING:
     from bot import VoiceBot
@@ -571,7 +571,7 @@ class VoiceCog(ReplyingCog):
     @app_commands.autocomplete(name=_own_voice_autocomplete)
     async def style_add(self, interaction: discord.Interaction, name: str, style: str, clip: discord.Attachment,
                         transcript: str = "", language: str = "auto") -> None:
-        from synthesis import VoiceError, check_name
+        from bot import VoiceError, check_name
 
         guild, member = guild_member(interaction)
         voice = (await find_voice(self.services, guild.id, member.id, name, own=True)).voice
@@ -705,7 +705,7 @@ def _check_audio_type(clip: discord.Attachment) -> None:
 
 def _clean_name(name: str) -> str:
     """A voice name the voice store accepts (checked here, before consent and download), trimmed, single-spaced."""
-    from synthesis import VoiceError, check_name
+    from bot import VoiceError, check_name
 
     name = " ".join(name.split())
     try:

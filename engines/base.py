@@ -13,6 +13,8 @@ from typing import Callable, Iterator, Literal, Protocol, Sequence
 
 import numpy as np
 
+from engines.gpt_sovits.family import DIT_FAMILIES, MAX_CFG, family_spec
+
 SAMPLE_RATE = 32000  # Hz, SoVITS v2 output rate
 SSL_SAMPLE_RATE = 16000  # Hz, HuBERT input rate
 SAMPLES_PER_TOKEN = 1280  # samples @ 32 kHz per semantic token (25 Hz)
@@ -22,9 +24,7 @@ MAX_DECODE_STEPS = 1500  # upstream's hard cap on GPT steps per sentence (60 s o
 BERT_DIM = 1024  # chinese-roberta-wwm-ext-large hidden size
 MAX_TEMPERATURE = 100.0  # sampling temperature bound (upstream's UI offers 0-1; beyond 100 is uniform noise)
 MAX_REPETITION_PENALTY = 100.0  # repetition penalty bound (upstream's default is 1.35)
-V2_FAMILIES = ("v2", "v2Pro", "v2ProPlus")  # SoVITS families that decode with their own 32 kHz HiFi-GAN
-DIFFUSION_FAMILIES = ("v4", "v5turbo", "v5dev", "v3")  # SoVITS families that decode through a DiT and a vocoder
-FAMILY_RATES = {"v4": 48000, "v5turbo": 48000, "v5dev": 48000, "v3": 24000}  # Hz, output of each diffusion family
+DIFFUSION_FAMILIES = DIT_FAMILIES  # SoVITS families that decode through a DiT and a vocoder (the rest: v2's HiFi-GAN)
 
 
 def decoded_frames(tokens: int, speed: float) -> int:
@@ -216,6 +216,14 @@ class SemanticBatch(Protocol):
         ...
 
 
+class PlanLabels(Protocol):
+    """What the pipeline reads of an engine's plan (:class:`engines.plan.EnginePlan`)."""
+
+    def labels(self) -> dict[str, str]:
+        """The plan as string labels (``/metrics``' engine info)."""
+        ...
+
+
 class Engine(Protocol):
     """A GPT-SoVITS backend (one GPT and one SoVITS of any family). Implementations: torch, onnx, tensorrt (see
     ``load_engine``)."""
@@ -227,6 +235,11 @@ class Engine(Protocol):
     family: str  # the loaded SoVITS's family: v2, v2Pro, v2ProPlus, v3, v4, v5dev, v5turbo
     sample_rate: int  # Hz of decode's output: 32000 (v2 families), 48000 (v4, v5), 24000 (v3)
     max_context: int  # GPT positions per request: reference phones and tokens, the sentence's phones and tokens
+
+    @property
+    def plan(self) -> PlanLabels:
+        """What runs (:class:`engines.plan.EnginePlan`): logged at start, shown in ``/metrics``."""
+        ...
 
     def load_encoder(self, name: Literal["hubert", "bert"]) -> None:
         """Load HuBERT (voices are made with it) or the Chinese BERT now, from any thread, so that the first request
@@ -318,19 +331,16 @@ def check_v2_decode(family: str, voice: VoicePrompt, steps: int | None, cfg: flo
                           "re-encode the voice for this model")
 
 
-V5_SAMPLER_STEPS = (4, 8, 16, 32)  # the step counts upstream's v5 sampler accepts (engines.gpt_sovits.family)
-MAX_CFG = 2.0  # v5's guidance rate bound
-
-
 def check_sampler(family: str, steps: int | None, cfg: float | None) -> None:
     """Refuse, in one line and before any model work, sampler options ``family`` does not accept (the engine checks
     them again): v5dev/v5turbo take 4, 8, 16 or 32 steps and cfg in [0, 2], v3/v4 any steps >= 1 (cfg unused).
     A :class:`SpeechError` (not an engine failure: the request's own values are wrong)."""
     if family not in DIFFUSION_FAMILIES:
         return
+    allowed = family_spec(family).allowed_steps
     if steps is not None:
-        if family.startswith("v5") and steps not in V5_SAMPLER_STEPS:
-            raise SpeechError(f"{family} samples in {', '.join(map(str, V5_SAMPLER_STEPS))} steps, not {steps}; "
+        if allowed and steps not in allowed:
+            raise SpeechError(f"{family} samples in {', '.join(map(str, allowed))} steps, not {steps}; "
                               "set steps (api_v2 sample_steps) to one of them")
         if steps < 1:
             raise SpeechError(f"steps must be at least 1, got {steps}")

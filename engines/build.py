@@ -7,11 +7,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import torch
-
 from engines.base import EngineError, ModelPaths
 from engines.export import GRAPHS, INT8_STEP, check_graphs, ensure_onnx, quantize_step_int8
-from engines.loader import EngineSettings
+from engines.plan import EngineSettings, plan_engine, probe_machine
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +37,14 @@ def build_engines(engine_cfg: EngineSettings, models_cfg: ModelPaths, backend: s
     from tqdm import tqdm
 
     steps = ["export", "check"]
-    want_int8 = getattr(engine_cfg, "precision", "") == "int8"
+    probe = probe_machine()
+    try:
+        plan = plan_engine(engine_cfg, probe)
+    except EngineError:
+        plan = None  # settings for another machine: the graphs are exported here all the same
+    # the int8 step graph where it is asked for or the plan runs it (int8 without the fused step)
+    want_int8 = engine_cfg.precision == "int8" or (plan is not None and plan.gpt_weights == "int8-dynamic"
+                                                   and plan.gpt_runner == "graphs")
     if want_int8:
         steps.append("int8")
     produced: dict[str, Path] = {}
@@ -58,9 +63,7 @@ def build_engines(engine_cfg: EngineSettings, models_cfg: ModelPaths, backend: s
     log.info("ONNX graphs ready in %s", folder)
     if backend == "onnx":
         return produced
-    try:
-        import tensorrt  # noqa: F401  # pyright: ignore[reportMissingImports, reportUnusedImport]  # (the gpu extra)
-    except ImportError:
+    if not probe.tensorrt:
         msg = (f"TensorRT is not installed, so no TensorRT engines were built (the ONNX graphs are ready in {folder} "
                "and run with engine.backend: onnx). To build engines: on a machine with an NVIDIA GPU and CUDA 12, "
                "`pip install tensorrt` (10.x), then run `python -m bot engines build --backend tensorrt`.")
@@ -68,7 +71,7 @@ def build_engines(engine_cfg: EngineSettings, models_cfg: ModelPaths, backend: s
             raise EngineError(msg) from None
         log.warning("%s", msg)
         return produced
-    if not torch.cuda.is_available():
+    if not probe.gpus:
         msg = f"no CUDA GPU is usable here, so no TensorRT engines were built (the ONNX graphs are ready in {folder})"
         if backend == "tensorrt":
             raise EngineError(msg + "; build on the machine that will run them")

@@ -3,7 +3,7 @@ SoVITS decode of :class:`~engines.gpt_sovits.diffusion.DiffusionDecoder` (featur
 vocoder) in torch.
 
 Their GPT is v2's class and format, so it runs exactly as in :class:`~engines.torch_engine.TorchEngine` (the static
-KV cache, continuous batching, the fused CPU step where it builds, int8 on a CPU): the ``torch`` and ``onnx``
+KV cache, continuous batching, the fused CPU step and int8 where the engine plan says): the ``torch`` and ``onnx``
 backends both build this engine for these files and differ only in name. A voice carries its reference mel
 (:meth:`DiffusionEngine.reference_mel`); its encoder features are recomputed from its tokens, phones and style when
 it is first used and kept for the next sentences (a few voices, least recently used first out).
@@ -25,11 +25,14 @@ from engines.base import ChunkCallback, EngineError, ModelFormatError, ModelPath
 from engines.encoders import LazyEncoders, encode_reference
 from engines.gpt_sovits import cpu_step
 from engines.gpt_sovits.cfm import MelPrompt, NoiseSource, check_sampling
-from engines.gpt_sovits.checkpoint import file_fingerprint, load_gpt_checkpoint, model_id, require_model_files
+from engines.gpt_sovits.checkpoint import file_fingerprint, model_id, require_model_files
 from engines.gpt_sovits.diffusion import DiffusionDecoder, DiffusionPrompt
+from engines.gpt_sovits.dit_checkpoint import is_lora_file
 from engines.gpt_sovits.generate import MAX_CONTEXT, SYNC_EVERY, BatchDecoder, CudaGraphStep, SlotBatch
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.gpt_sovits.mel import log_mel, mel_frames, norm_spec, resample
+from engines.gpt_runner import load_gpt
+from engines.plan import EnginePlan, Settings, plan_engine, probe_machine
 from engines.runtime import use_lane_stream
 
 log = logging.getLogger(__name__)
@@ -59,59 +62,66 @@ class DiffusionEngine:
         the s1 GPT.
     decoder:
         the family's SoVITS and vocoder.
-    name:
-        the backend that built it (``torch`` or ``onnx``).
+    plan:
+        what runs (its backend, ``torch`` or ``onnx``, is the engine's name).
     """
 
     max_context = MAX_CONTEXT
 
-    def __init__(self, gpt: Text2SemanticModel, decoder: DiffusionDecoder, *, name: str, device: str, precision: str,
-                 model_id: str, hubert_path: Path | None = None, bert_path: Path | None = None, max_batch: int = 8,
-                 cuda_graphs: bool = True, threads: int = 0) -> None:
+    def __init__(self, gpt: Text2SemanticModel, decoder: DiffusionDecoder, plan: EnginePlan, *, model_id: str,
+                 hubert_path: Path | None = None, bert_path: Path | None = None) -> None:
         self.gpt = gpt
         self.decoder = decoder
-        self.name = name
-        self.device = device
-        self.precision = precision
+        self.plan = plan
+        self.name = plan.backend
+        self.device = device = plan.device
+        self.precision = plan.precision
         self.model_id = model_id
         self.family = decoder.family.name
         self.sample_rate = decoder.sample_rate
-        self.max_batch = max_batch
-        self.threads = threads
-        self.cuda_graphs = cuda_graphs and device.startswith("cuda")
-        self._dtype = DTYPES.get(precision, torch.float32) if device.startswith("cuda") else torch.float32
+        self.max_batch = plan.max_batch
+        self.threads = plan.threads
+        self.cuda_graphs = plan.gpt_runner == "cuda-graphs"
+        self._dtype = DTYPES.get(plan.precision, torch.float32) if device.startswith("cuda") else torch.float32
         self.encoders = LazyEncoders(hubert_path, bert_path, device, self._dtype)
         self._prompts: OrderedDict[bytes, DiffusionPrompt] = OrderedDict()
         self._prompts_lock = threading.Lock()
 
     @classmethod
-    def from_files(cls, models: ModelPaths, vocoder: Path, *, family: str | None = None, name: str = "torch",
-                   device: str = "cpu", precision: str = "fp32", max_batch: int = 8, cuda_graphs: bool = True,
-                   threads: int = 0) -> DiffusionEngine:
+    def from_files(cls, models: ModelPaths, vocoder: Path, *, family: str | None = None, plan: EnginePlan | None = None,
+                   name: str = "torch", device: str = "cpu", precision: str = "fp32", max_batch: int = 8,
+                   cuda_graphs: bool = True, threads: int = 0, cache_dir: Path | None = None) -> DiffusionEngine:
         """Load the GPT, the SoVITS and the vocoder (HuBERT and BERT load on first use).
 
         ``family``: the configured family (``None``: detect it from the file); a file of another family is a
-        one-line :class:`ModelFormatError`, as is a vocoder that is not the family's.
+        one-line :class:`ModelFormatError`, as is a vocoder that is not the family's. ``plan``: what to build
+        (:func:`engines.loader.load_engine` passes it); None: planned here from ``name`` (the backend) and the
+        keywords after it (tests and benchmarks). ``cache_dir``: where the int8 DiT's and vocoder's proofs (and the
+        vocoder's graph) are kept, so a restart does not prove again; None: proven at every load, the vocoder fp32.
         """
+        if plan is None:
+            plan = plan_engine(Settings(backend=name, device=device, precision=precision, threads=threads,
+                                        max_batch=max_batch, cuda_graphs=cuda_graphs), probe_machine(), diffusion=True)
         require_model_files(models)
         if not vocoder.exists():
             raise EngineError(f"the vocoder {vocoder} does not exist: run `python -m bot models download`, or point "
                               "models.vocoder in config.yaml at it")
-        dtype = DTYPES.get(precision, torch.float32)
-        decoder = DiffusionDecoder.load(models.sovits, vocoder, family, device, dtype)
+        decoder = DiffusionDecoder.load(models.sovits, vocoder, family, plan.device,
+                                        DTYPES.get(plan.precision, torch.float32), path=plan.diffusion_path,
+                                        threads=plan.threads, cache_dir=cache_dir,
+                                        sovits_base=getattr(models, "sovits_base", None))
         if family is not None and decoder.family.name != family:
             raise ModelFormatError(f"{models.sovits} is a {decoder.family.name} SoVITS but models.family is {family}; "
                                    f"set models.family: {decoder.family.name} (or auto)")
-        gpt = Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(models.gpt), device,
-                                                 torch.float32 if precision == "int8" else dtype)
-        if precision == "int8":
-            gpt.quantize_int8()
-        ident = model_id(models, vocoder_fingerprint(vocoder), f"family:{decoder.family.name}")
-        log.info("%s engine: %s SoVITS with its %d Hz vocoder on %s (%s)", name, decoder.family.name,
-                 decoder.sample_rate, device, precision)
-        return cls(gpt, decoder, name=name, device=device, precision=precision, model_id=ident,
-                   hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
-                   cuda_graphs=cuda_graphs, threads=threads)
+        gpt = load_gpt(Path(models.gpt), plan)
+        base = getattr(models, "sovits_base", None)
+        lora = is_lora_file(models.sovits)
+        ident = model_id(models, vocoder_fingerprint(vocoder), f"family:{decoder.family.name}",
+                         *([file_fingerprint(base)] if lora and base is not None else []))  # a LoRA is its base too
+        log.info("%s engine: %s SoVITS with its %d Hz vocoder on %s (%s; DiT %s, vocoder %s)", plan.backend,
+                 decoder.family.name, decoder.sample_rate, plan.device, plan.precision, decoder.precisions["dit"],
+                 decoder.precisions["vocoder"])
+        return cls(gpt, decoder, plan, model_id=ident, hubert_path=Path(models.hubert), bert_path=Path(models.bert))
 
     def bind_thread(self) -> None:
         """The calling thread gets the engine's CPU threads (the fused step's team too), or a CUDA stream."""

@@ -31,8 +31,9 @@ class LazyEncoders:
     """The reference encoder (HuBERT) and the Chinese text encoder (BERT), each loaded the first time it is used.
 
     Voices are prepared once and most text is not Chinese, so neither needs to cost start-up time or memory; HuBERT
-    is unloaded again after :data:`engines.runtime.IDLE_UNLOAD_S` without use (``hubert_model``; real size: 0.36 GiB
-    resident of a serving process's 1.4 GiB, loaded again in 1-3 s for the next voice made).
+    is unloaded again after :data:`engines.runtime.IDLE_UNLOAD_S` without use (``hubert_model``: a quarter of a
+    serving process's memory, loaded again in seconds for the next voice made; see
+    FINDINGS.md#host-memory-kv-cache-freed-heap-hubert-the-kept-int8-bert).
     """
 
     def __init__(self, hubert_path: Path | None, bert_path: Path | None, device: str, dtype: torch.dtype) -> None:
@@ -95,8 +96,8 @@ class LazyEncoders:
 
     def _prove_int8_bert(self) -> None:
         """The proof's thread: the int8 BERT replaces the fp32 one if it holds; then the memory that the fp32 BERT,
-        the candidates and the proof's GPT held goes back to the OS (real size: a serving process 6.1 GiB after the
-        proof without this, 2.05 GiB with it)."""
+        the candidates and the proof's GPT held goes back to the OS (two thirds of the process's memory after the
+        proof: see FINDINGS.md#freed-heap)."""
         self._prove_against_fp32()
         release_freed_memory()  # (the fp32 BERT is freed once the sentence that may still read it ends)
 

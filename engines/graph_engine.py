@@ -12,7 +12,7 @@ A v2Pro/v2ProPlus SoVITS's speaker-verification features come from the torch SV 
 (:class:`engines.gpt_sovits.sv.LazySpeakerEncoder`, fp32): like HuBERT it runs once per voice, at enrollment, and its
 filter banks are an FFT, which the graphs exclude; the ``ref_style`` graph then fuses them into the clip's style.
 A :class:`GraphEngine` may also be given the torch GPT with the fused CPU step instead of the GPT graphs (the onnx
-backend does so on CPUs, see :mod:`engines.onnx_engine`).
+backend does so where the engine plan's GPT runner is ``fused``, see :mod:`engines.onnx_engine`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from engines.gpt_sovits.checkpoint import (V2PRO_VERSIONS, file_fingerprint, loa
 from engines.gpt_sovits.generate import MAX_CONTEXT, SYNC_EVERY, BatchDecoder, SlotBatch
 from engines.gpt_sovits.gpt import KV_BUCKET, GptConfig, Text2SemanticModel
 from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice, require_sv_model, speaker_features, speaker_rows
+from engines.plan import EnginePlan
 from engines.runtime import use_lane_stream
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,8 @@ __all__ = ["GraphEngine", "GraphGpt", "GraphRunner", "graph_model", "sovits_fami
 
 
 # A SoVITS decode longer than this (50 Hz latent frames: 10 s of audio) gives its working memory back after it: ONNX
-# Runtime's arena otherwise keeps what the longest decode so far needed (real size, int8 vocoder, 2-core AMD EPYC
-# Zen 4: about 17 MB per second of audio; a process 0.59 GiB before, 1.39 GiB after one 48 s decode). Not after every
-# decode: that costs 3-4 % of the vocoder's time (6 s decodes, min of 6 runs, 0.80 against 0.83-0.85 s).
+# Runtime's arena otherwise keeps what the longest decode so far needed, about 17 MB per second of audio. Not after
+# every decode: that costs a few % of the vocoder's time (see FINDINGS.md#onnx-runtime-arena).
 LARGE_DECODE_FRAMES = 500
 
 class GraphRunner(Protocol):
@@ -212,23 +212,30 @@ class GraphEngine:
 
     name = "graph"
     max_context = MAX_CONTEXT
-    vocoder_precision = "fp32"  # the ``sovits_decode`` graph's (the onnx engine may run the int8 one on a CPU)
 
-    def __init__(self, runner: GraphRunner, manifest: dict[str, Any], *, device: str, precision: str, model_id: str,
-                 hubert_path: Path | None, bert_path: Path | None, max_batch: int, step_graph: str = "gpt_step",
-                 gpt: Text2SemanticModel | None = None, threads: int = 1, sv_path: Path | None = None):
+    def __init__(self, runner: GraphRunner, manifest: dict[str, Any], plan: EnginePlan, *, model_id: str,
+                 hubert_path: Path | None, bert_path: Path | None, step_graph: str = "gpt_step",
+                 gpt: Text2SemanticModel | None = None, sv_path: Path | None = None, vocoder_precision: str = "fp32",
+                 int8_bert: tuple[Path, Path] | None = None):
+        """``gpt``: the torch GPT with the fused CPU step (None: the GPT graphs); ``vocoder_precision``: the
+        ``sovits_decode`` graph's; ``int8_bert``: (GPT file, proof folder) where the plan runs the BERT in int8
+        once proven on that GPT."""
         self.runner = runner
-        self.gpt = gpt  # the torch GPT with the fused CPU step, or None: the GPT graphs
-        self.threads = threads
+        self.gpt = gpt
+        self.plan = plan
+        self.threads = plan.threads
         self.manifest = manifest
-        self.device = device
-        self.precision = precision
+        self.device = device = plan.device
+        self.precision = plan.precision
         self.model_id = model_id
-        self.max_batch = max_batch
+        self.max_batch = plan.max_batch
         self.step_graph = step_graph
+        self.vocoder_precision = vocoder_precision
         self.sample_rate = int(manifest["sovits"]["sampling_rate"])
-        half = device.startswith("cuda") and precision == "fp16"
-        self.encoders = LazyEncoders(hubert_path, bert_path, device, torch.float16 if half else torch.float32)
+        bert_dtype = torch.float16 if plan.bert == "fp16" else torch.float32
+        self.encoders = LazyEncoders(hubert_path, bert_path, device, bert_dtype)
+        if int8_bert is not None:
+            self.encoders.int8_bert_for, self.encoders.int8_bert_store = int8_bert
         self.version = str(manifest["sovits"].get("version", "v2"))
         self.family = self.version
         self.sv_dim = int(manifest["sovits"].get("sv_dim") or 0)  # 0: a v2 SoVITS, which reads no SV features

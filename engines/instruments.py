@@ -31,6 +31,7 @@ _NAMES = {  # name -> the module that defines it, imported on first use
     "quantize_vocoder_int8": "engines.vocoder_int8", "choose_vocoder": "engines.vocoder_int8",
     "choose_backend": "engines.loader", "resolve_precision": "engines.loader", "resolve_device": "engines.loader",
     "cpu_threads": "engines.runtime", "set_cpu_threads": "engines.runtime",
+    "time_dit_paths": "engines.gpt_sovits.dit_timing",
 }
 
 

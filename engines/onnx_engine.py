@@ -1,11 +1,11 @@
 """The ONNX Runtime backend: the exported graphs (see :mod:`engines.export`) run with I/O binding, under the
 :class:`~engines.graph_engine.GraphEngine` both graph backends share.
 
-On a CPU where the fused decode step can be built (:mod:`engines.gpt_sovits.cpu_step`), the onnx engine's GPT is the
-torch model with that step (``gpt="auto"``/``"fused"``): one C call per step beats the step graph (ONNX Runtime spent
-half of its int8 step outside the matrix products), while the vocoder and the reference graphs stay on ONNX Runtime,
-whose vocoder is the faster one on CPUs. ``gpt="graph"`` keeps the graphs (what TensorRT builds from, so the tests
-verify them through ONNX Runtime).
+What runs is the engine plan's (:mod:`engines.plan`): with the GPT runner ``fused`` (``auto`` on a CPU where the
+fused decode step builds, :mod:`engines.gpt_sovits.cpu_step`) the GPT is the torch model with that step, one C call
+per step, which beats the step graph (ONNX Runtime spent half of its int8 step outside the matrix products), while
+the vocoder and the reference graphs stay on ONNX Runtime, whose vocoder is the faster one on CPUs. With ``graphs``
+the GPT runs as the exported graphs too (what TensorRT builds from, so the tests verify them through ONNX Runtime).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import torch
 
 from engines.base import EngineError, ModelPaths
 from engines.export import GRAPHS, INT8_STEP, ensure_onnx, load_manifest, quantize_step_int8
-from engines.gpt_sovits import cpu_step
-from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
-from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.graph_engine import GraphEngine, graph_model
+from engines.gpt_runner import load_gpt
+from engines.plan import EnginePlan, Settings, plan_engine, probe_machine
 from engines.vocoder_int8 import choose_vocoder
 
 if TYPE_CHECKING:
@@ -37,10 +36,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["OnnxEngine"]
 
-PRECISIONS = ("fp32", "int8")  # fp16 graphs run through the tensorrt backend
-VOCODER_PRECISIONS = ("auto", "fp32", "int8")  # engine.vocoder_precision
-GPT_PATHS = ("auto", "fused", "graph")  # how the onnx engine runs its GPT, see the module notes
 GPT_GRAPHS = ("gpt_prefill", "gpt_step")
+# the plan's vocoder -> choose_vocoder's request
+_VOCODER_REQUEST = {"ort-fp32": "fp32", "ort-int8-if-proven": "auto", "ort-int8": "int8"}
+_GPT_RUNNERS = {"auto": "auto", "fused": "fused", "graph": "graphs"}  # from_files' gpt keyword -> engine.gpt_runner
 _NP_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32}
 
 
@@ -61,8 +60,8 @@ class _OrtRunner:
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
         opts.inter_op_num_threads = 1
-        # torch samples between graph runs on the same cores: do not let idle ORT workers spin on them. Measured with
-        # other processes on the 2 cores (Zen 4, int8 step): 11-29 ms not spinning, 58-96 ms spinning.
+        # torch samples between graph runs on the same cores: idle ORT workers spinning on them made a step several
+        # times slower beside other processes (see FINDINGS.md#ort-workers-not-spinning).
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if self.device.type == "cuda":
             if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -117,63 +116,46 @@ class OnnxEngine(GraphEngine):
     name = "onnx"
 
     @classmethod
-    def from_files(cls, models: ModelPaths, onnx_dir: str | os.PathLike[str], *, device: str = "cpu",
-                   precision: str = "fp32", threads: int = 0, max_batch: int = 8, gpt: str = "auto",
-                   vocoder: str = "auto") -> OnnxEngine:
+    def from_files(cls, models: ModelPaths, onnx_dir: str | os.PathLike[str], plan: EnginePlan | None = None, *,
+                   device: str = "cpu", precision: str = "fp32", threads: int = 0, max_batch: int = 8,
+                   gpt: str = "auto", vocoder: str = "auto") -> OnnxEngine:
         """Export the graphs once per model pair (under ``onnx_dir``), then open them in ONNX Runtime.
 
         Parameters
         ----------
         models: checkpoint paths (``gpt``, ``sovits``; ``hubert``, ``bert`` load on first use).
         onnx_dir: export cache folder (``engine.onnx_dir``).
+        plan: what to build (:func:`engines.loader.load_engine` passes it); None: planned here from the keywords
+            below (tests and benchmarks).
         device: ``"cpu"`` or ``"cuda:N"``.
-        precision: ``"fp32"``, or ``"int8"`` (dynamic int8 step graph, CPU only).
+        precision: ``"fp32"``, or ``"int8"`` (CPU only).
         threads: ORT intra-op threads and the fused step's (0: every core this process may use).
         max_batch: rows decoded together.
-        gpt: ``"auto"`` (the fused CPU step where it can be built, else the graphs), ``"fused"`` or ``"graph"``.
-        vocoder: ``"auto"``, ``"fp32"`` or ``"int8"`` (CPU: the residual blocks' convolutions in int8, see
-            :mod:`engines.vocoder_int8`); ``auto`` is int8 with the int8 GPT on a CPU where the int8 vocoder's proof
-            holds on this model, else fp32.
+        gpt: ``"auto"``, ``"fused"`` or ``"graph"`` (``engine.gpt_runner`` auto, fused, graphs).
+        vocoder: ``"auto"``, ``"fp32"`` or ``"int8"`` (``engine.vocoder_precision``; see :mod:`engines.vocoder_int8`).
         """
-        if precision not in PRECISIONS:
-            raise EngineError(f"the onnx engine runs fp32 or int8, not {precision!r}; for fp16 use "
-                              "engine.backend: tensorrt (or torch)")
-        if precision == "int8" and device != "cpu":
-            raise EngineError("int8 is a CPU path of the onnx engine; set engine.device: cpu or another precision")
-        if vocoder not in VOCODER_PRECISIONS or (vocoder == "int8" and device != "cpu"):
-            raise EngineError(f"engine.vocoder_precision is auto, fp32, or int8 on a CPU; got {vocoder!r} on {device}")
-        if vocoder == "auto" and (device != "cpu" or precision != "int8"):
-            vocoder = "fp32"  # fp32 asks for upstream's exact decode; GPUs run the vocoder in fp32
+        if plan is None:
+            if gpt not in _GPT_RUNNERS:
+                raise EngineError(f"gpt must be one of {', '.join(_GPT_RUNNERS)}, got {gpt!r}")
+            plan = plan_engine(Settings(backend="onnx", device=device, precision=precision, vocoder_precision=vocoder,
+                                        gpt_runner=_GPT_RUNNERS[gpt], threads=threads, max_batch=max_batch),
+                               probe_machine())
         ident, sv_path = graph_model(models, onnx_dir)  # v2Pro: its SV model, before any export
-        if gpt not in GPT_PATHS:
-            raise EngineError(f"gpt must be one of {', '.join(GPT_PATHS)}, got {gpt!r}")
-        fused = gpt != "graph" and device == "cpu" and cpu_step.load_library() is not None
-        if gpt == "fused" and not fused:
-            raise EngineError(f"the fused GPT step runs on CPUs only, and needs a C compiler: "
-                              f"{cpu_step.unavailable_reason() or 'device ' + device}")
         folder = ensure_onnx(models, onnx_dir)
         manifest = load_manifest(folder)
+        fused = plan.gpt_runner == "fused"
         files = {name: folder / f"{name}.onnx" for name in GRAPHS if not (fused and name in GPT_GRAPHS)}
         step = "gpt_step"
-        torch_gpt = None
-        if fused:
-            torch_gpt = Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(models.gpt), "cpu")
-            if precision == "int8":
-                torch_gpt.quantize_int8()
-        elif precision == "int8":
+        torch_gpt = load_gpt(Path(models.gpt), plan) if fused else None
+        if not fused and plan.gpt_weights == "int8-dynamic":
             files[INT8_STEP] = quantize_step_int8(folder)
             del files["gpt_step"]
             step = INT8_STEP
-        files["sovits_decode"], vocoder = choose_vocoder(folder, vocoder)
-        runner = _OrtRunner(files, device, threads)
-        log.info("onnx engine: %s on %s (GPT: %s, vocoder %s), graphs from %s", precision, device,
-                 "fused CPU step" if fused else step, vocoder, folder)
-        engine = cls(runner, manifest, device=device, precision=precision, model_id=ident,
-                     hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
-                     step_graph=step, gpt=torch_gpt, threads=threads or len(os.sched_getaffinity(0)),
-                     sv_path=sv_path)
-        engine.vocoder_precision = vocoder
-        if precision == "int8":  # (a CPU path) the Chinese BERT in int8 too, where it proves itself on this GPT
-            engine.encoders.int8_bert_for = Path(models.gpt)
-            engine.encoders.int8_bert_store = folder / "bert_int8"  # (the folder is this GPT's: kept per model pair)
-        return engine
+        files["sovits_decode"], vocoder_runs = choose_vocoder(folder, _VOCODER_REQUEST[plan.vocoder])
+        runner = _OrtRunner(files, plan.device, plan.threads)
+        log.info("onnx engine: graphs from %s (GPT: %s, vocoder %s)", folder, "fused CPU step" if fused else step,
+                 vocoder_runs)
+        int8_bert = (Path(models.gpt), folder / "bert_int8") if plan.bert == "int8-if-proven" else None
+        return cls(runner, manifest, plan, model_id=ident, hubert_path=Path(models.hubert),
+                   bert_path=Path(models.bert), step_graph=step, gpt=torch_gpt, sv_path=sv_path,
+                   vocoder_precision=vocoder_runs, int8_bert=int8_bert)

@@ -28,6 +28,7 @@ from engines.base import ModelPaths, BERT_DIM, EngineError
 from engines.export import GRAPHS, ensure_onnx, load_manifest
 from engines.gpt_sovits.checkpoint import file_fingerprint
 from engines.graph_engine import GraphEngine, graph_model
+from engines.plan import EnginePlan, Settings, plan_engine, probe_machine
 from engines.gpt_sovits.generate import MAX_CONTEXT
 
 log = logging.getLogger(__name__)
@@ -284,7 +285,8 @@ class TensorRTEngine(GraphEngine):
 
     @classmethod
     def from_files(cls, models: ModelPaths, onnx_dir: str | os.PathLike[str], trt_dir: str | os.PathLike[str], *,
-                   device: str = "cuda:0", workspace_mb: int = 4096, max_batch: int = 8) -> TensorRTEngine:
+                   device: str = "cuda:0", workspace_mb: int = 4096, max_batch: int = 8,
+                   plan: EnginePlan | None = None) -> TensorRTEngine:
         """Export the ONNX graphs and build the engines if missing (minutes, once per GPU/TensorRT/model), then load.
 
         Parameters
@@ -294,7 +296,11 @@ class TensorRTEngine(GraphEngine):
         device: ``"cuda:N"``.
         workspace_mb: builder workspace limit.
         max_batch: rows decoded together (the step profile's largest batch).
+        plan: what :func:`engines.loader.load_engine` planned; None: planned here (fp16 on ``device``).
         """
+        if plan is None:
+            plan = plan_engine(Settings(backend="tensorrt", device=device, precision="fp16", max_batch=max_batch),
+                               probe_machine())
         _import_trt()
         _device_id(device)
         ident, sv_path = graph_model(models, onnx_dir)  # v2Pro: its SV model, before any export
@@ -302,6 +308,5 @@ class TensorRTEngine(GraphEngine):
         plans = build_trt_engines(folder, trt_dir, device=device, workspace_mb=workspace_mb, max_batch=max_batch)
         runner = _TrtRunner(plans, device)
         log.info("tensorrt engine: fp16 on %s, engines in %s", device, trt_dir)
-        return cls(runner, load_manifest(folder), device=device, precision="fp16", model_id=ident,
-                   hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
-                   sv_path=sv_path)
+        return cls(runner, load_manifest(folder), plan, model_id=ident, hubert_path=Path(models.hubert),
+                   bert_path=Path(models.bert), sv_path=sv_path)

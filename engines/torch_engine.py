@@ -14,12 +14,14 @@ from engines.base import (SAMPLE_RATE, ChunkCallback, EngineError, ModelPaths, S
                           check_v2_decode, decoded_frames, prior_noise)
 from engines.encoders import LazyEncoders, encode_reference
 from engines.gpt_sovits import cpu_step
-from engines.gpt_sovits.checkpoint import (file_fingerprint, load_gpt_checkpoint, load_sovits_checkpoint, model_id,
+from engines.gpt_sovits.checkpoint import (file_fingerprint, load_sovits_checkpoint, model_id,
                                           require_model_files)
 from engines.gpt_sovits.generate import MAX_CONTEXT, SYNC_EVERY, BatchDecoder, CudaGraphStep, SlotBatch
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.gpt_sovits.sovits import SoVITSDecoder
 from engines.gpt_sovits.sv import LazySpeakerEncoder, check_voice, require_sv_model, speaker_features, speaker_rows
+from engines.gpt_runner import load_gpt
+from engines.plan import EnginePlan, Settings, plan_engine, probe_machine
 from engines.runtime import use_lane_stream
 
 log = logging.getLogger(__name__)
@@ -34,52 +36,55 @@ class TorchEngine:
     sample_rate = SAMPLE_RATE  # Hz: the v2 families' HiFi-GAN
     max_context = MAX_CONTEXT
 
-    def __init__(self, gpt: Text2SemanticModel, sovits: SoVITSDecoder, *, device: str, precision: str,
-                 model_id: str, hubert_path: Path | None = None, bert_path: Path | None = None,
-                 max_batch: int = 8, cuda_graphs: bool = True, threads: int = 0,
-                 sv_path: Path | None = None) -> None:
+    def __init__(self, gpt: Text2SemanticModel, sovits: SoVITSDecoder, plan: EnginePlan, *, model_id: str,
+                 hubert_path: Path | None = None, bert_path: Path | None = None, sv_path: Path | None = None,
+                 gpt_path: Path | None = None) -> None:
         self.gpt = gpt
         self.sovits = sovits
-        self.device = device
-        self.precision = precision
+        self.plan = plan
+        self.device = plan.device
+        self.precision = plan.precision
         self.model_id = model_id
         self.family = sovits.cfg.version
-        self.max_batch = max_batch
-        self.threads = threads
-        self.cuda_graphs = cuda_graphs and device.startswith("cuda")
-        self._sovits_dtype = DTYPES.get(precision, torch.float32)
+        self.max_batch = plan.max_batch
+        self.threads = plan.threads
+        self.cuda_graphs = plan.gpt_runner == "cuda-graphs"
+        device = plan.device
+        self._sovits_dtype = DTYPES.get(plan.precision, torch.float32)
         self._owner: int | None = None  # the thread bind_thread gave the CPU threads to
         self._warned_thread = False
         # HuBERT/BERT in the SoVITS precision on GPU, fp32 on CPU
         self.encoders = LazyEncoders(hubert_path, bert_path, device,
                                      self._sovits_dtype if device.startswith("cuda") else torch.float32)
+        if plan.bert == "int8-if-proven":  # the Chinese BERT in int8 too, where it proves itself on this GPT
+            self.encoders.int8_bert_for = gpt_path
         # v2Pro/v2ProPlus: the speaker-verification model, loaded when the first voice is encoded
         self.speaker = (LazySpeakerEncoder(sv_path, device, sovits.cfg.sv_dim)
                         if sovits.cfg.is_v2pro and sv_path is not None else None)
 
     @classmethod
-    def from_files(cls, models: ModelPaths, *, device: str = "cpu", precision: str = "fp32", max_batch: int = 8,
-                   cuda_graphs: bool = True, threads: int = 0) -> TorchEngine:
-        """Load the GPT and SoVITS checkpoints (HuBERT, BERT and a v2Pro SoVITS's SV model load on first use)."""
+    def from_files(cls, models: ModelPaths, plan: EnginePlan | None = None, *, device: str = "cpu",
+                   precision: str = "fp32", max_batch: int = 8, cuda_graphs: bool = True,
+                   threads: int = 0) -> TorchEngine:
+        """Load the GPT and SoVITS checkpoints (HuBERT, BERT and a v2Pro SoVITS's SV model load on first use).
+
+        ``plan``: what to build (:func:`engines.loader.load_engine` passes it); None: planned here from the keywords
+        (tests and benchmarks), with the GPT runner ``auto``.
+        """
+        if plan is None:
+            plan = plan_engine(Settings(backend="torch", device=device, precision=precision, threads=threads,
+                                        max_batch=max_batch, cuda_graphs=cuda_graphs), probe_machine())
         require_model_files(models)
-        int8 = precision == "int8"
-        dtype = DTYPES.get(precision, torch.float32)
-        gpt = Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(models.gpt), device, dtype)
-        if int8:
-            gpt.quantize_int8()
-        sovits = SoVITSDecoder.from_checkpoint(load_sovits_checkpoint(models.sovits), device,
-                                               torch.float32 if int8 else dtype)
+        gpt = load_gpt(Path(models.gpt), plan)
+        sovits = SoVITSDecoder.from_checkpoint(load_sovits_checkpoint(models.sovits), plan.device,
+                                               DTYPES.get(plan.precision, torch.float32))
         more: list[str] = []
         sv_path: Path | None = None
         if sovits.cfg.is_v2pro:  # its voices' style depends on the SV model too, so it is part of the identity
             sv_path = require_sv_model(models, sovits.cfg.version)
             more.append(file_fingerprint(sv_path))
-        engine = cls(gpt, sovits, device=device, precision=precision, model_id=model_id(models, *more),
-                     hubert_path=Path(models.hubert), bert_path=Path(models.bert), max_batch=max_batch,
-                     cuda_graphs=cuda_graphs, threads=threads, sv_path=sv_path)
-        if int8 and device == "cpu":  # the Chinese BERT in int8 too, where it proves itself on this GPT
-            engine.encoders.int8_bert_for = Path(models.gpt)
-        return engine
+        return cls(gpt, sovits, plan, model_id=model_id(models, *more), hubert_path=Path(models.hubert),
+                   bert_path=Path(models.bert), sv_path=sv_path, gpt_path=Path(models.gpt))
 
     def bind_thread(self) -> None:
         """Called once by the thread that will run this engine: give it the engine's CPU threads.

@@ -25,7 +25,7 @@ import av.error
 import numpy as np
 import soxr  # pyright: ignore[reportMissingTypeStubs]  # untyped; its source gives the types
 
-from engines import SAMPLE_RATE, SSL_SAMPLE_RATE
+from engines.base import SAMPLE_RATE, SSL_SAMPLE_RATE
 from synthesis.speakers import speaker_turns
 from synthesis.types import PCM16_SCALE, AudioInputError, to_pcm16
 from synthesis.vad import VAD_FRAME_S, VAD_RATE, speech_probability

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+from typing import Mapping
 
 METRIC_WINDOW = 512  # recent samples kept for the ttfa / rtf histograms
 
@@ -23,9 +24,10 @@ class PipelineStats:
         self.ttfa_s: collections.deque[float] = collections.deque(maxlen=METRIC_WINDOW)
         self.rtf: collections.deque[float] = collections.deque(maxlen=METRIC_WINDOW)
 
-    def snapshot(self, *, queue_depth: int, inflight: int, engine: str, device: str,
-                 precision: str) -> dict[str, object]:
-        """Everything as one plain dict (hit ratios 0.0 before the first lookup)."""
+    def snapshot(self, *, queue_depth: int, inflight: int, engine: str, device: str, precision: str,
+                 plan: Mapping[str, str] | None = None) -> dict[str, object]:
+        """Everything as one plain dict (hit ratios 0.0 before the first lookup); ``plan``: the engine plan's labels
+        (``EnginePlan.labels``), strings like the engine's name, so that ``/metrics`` shows them in its engine info."""
         c = self.counters
         ph, pm = c["prosody_hit"], c["prosody_miss"]
         ah, am = c["audio_hit"], c["audio_miss"]
@@ -35,5 +37,5 @@ class PipelineStats:
             "prosody_hit_ratio": ph / (ph + pm) if ph + pm else 0.0,
             "audio_hit_ratio": ah / (ah + am) if ah + am else 0.0,
             "ttfa_s": list(self.ttfa_s), "rtf": list(self.rtf),
-            "engine": engine, "device": device, "precision": precision,
+            **(plan or {}), "engine": engine, "device": device, "precision": precision,
         }

@@ -19,7 +19,8 @@ from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, NamedTupl
 
 import numpy as np
 
-from engines import DIFFUSION_FAMILIES, SAMPLE_RATE, Engine, SamplingParams, SemanticRequest, SpeechError, VoicePrompt
+from engines import Engine, SpeechError
+from engines.base import DIFFUSION_FAMILIES, SAMPLE_RATE, SamplingParams, SemanticRequest, VoicePrompt
 from synthesis.admission import Admission, AdmittedStream
 from synthesis.cache import SynthesisCache
 from synthesis.metrics import PipelineStats
@@ -184,10 +185,9 @@ class Synthesizer:
                         # Another request speaks too and this one has not started: the early words go out with the
                         # rest of their sentence, the same samples one chunk later, and no more windows are
                         # decoded (see _produce). Beside another stream the rest cannot follow the early words in
-                        # time (bench-streams, 2 streams, 2-core EPYC, natural pace: with 0.8 s of early words
-                        # both had ~1 s gaps; with 0.48 s (16 tokens, Zen 4, AVX2 kernels, two runs) gaps of 0.64
-                        # and 0.83 s; none with them held back), while one stream alone keeps them. A request
-                        # already speaking keeps sending its windows: held, they would only leave it silent longer.
+                        # time on 2 cores, while one stream alone keeps them (see
+                        # FINDINGS.md#early-words-beside-another-stream). A request already speaking keeps sending
+                        # its windows: held, they would only leave it silent longer.
                         held.append(partial.audio)
                         continue
                     if held:
@@ -221,11 +221,9 @@ class Synthesizer:
         request is the only one admitted or has started speaking: beside another request they would be held back
         anyway (see :meth:`_stream`), and decoding them cost the device 30-45 tokens of vocoder work a stream. (With
         a seed they are decoded all the same, so that its samples are the same whatever the load: a sentence
-        decoded whole differs from its windows at their joins.) Without them
-        (and with :class:`~synthesis.scheduler.Playback`), ``bench-streams --streams 2,3,4 --pace 2`` (real size,
-        2-core AMD EPYC Zen 4 running AVX2 kernels, 4 rounds alternated with the code before): 2 streams spoke
-        after 0.81-0.91 / 1.77-1.96 s instead of 1.27-1.39 / 2.17-2.54 s; 3 streams had no gap (before: 0.05-0.51 s
-        gaps in 3 of 4 runs); 3.8-4.4x real time in all instead of 3.3-4.0x (bench-streams asks for no seed)."""
+        decoded whole differs from its windows at their joins.) Without them, and with
+        :class:`~synthesis.scheduler.Playback`, several streams start sooner and without gaps (see
+        FINDINGS.md#early-words-beside-another-stream)."""
         request = self.stages.next_request()
         previous_gpt: asyncio.Event | None = None
         previous_out: asyncio.Event | None = None
@@ -339,7 +337,7 @@ class Synthesizer:
         """Counters, hit ratios, recent timings and the engine, for ``/metrics``."""
         return {**self.stats.snapshot(queue_depth=self.worker.queue_depth, inflight=self.admission.in_flight,
                                       engine=self.engine.name, device=self.engine.device,
-                                      precision=self.engine.precision),
+                                      precision=self.engine.precision, plan=self.engine.plan.labels()),
                 "cache_write_failures": self.cache.write_failures}
 
     async def close(self) -> None:

@@ -37,7 +37,8 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from engines import Engine, EngineError, SemanticBatch, SemanticRequest, SpeechError
+from engines import Engine, EngineError, SpeechError
+from engines.base import SemanticBatch, SemanticRequest
 from synthesis.types import DeadlineError
 
 log = logging.getLogger(__name__)

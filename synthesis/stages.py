@@ -26,8 +26,9 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
-from engines import (DIFFUSION_FAMILIES, FRAME_SAMPLES, SAMPLE_RATE, Engine, SamplingParams, SemanticRequest,
-                     check_sampler, token_sample)
+from engines import Engine
+from engines.base import (DIFFUSION_FAMILIES, FRAME_SAMPLES, SAMPLE_RATE, SamplingParams, SemanticRequest,
+                          check_sampler, token_sample)
 from synthesis.audio import FADE_S, fade_edges, raised_cosine
 from synthesis.cache import SynthesisCache
 from synthesis.metrics import PipelineStats
@@ -40,13 +41,8 @@ EARLY_CONTEXT_TOKENS = 8  # tokens before a piece decoded with it as left contex
 CROSSFADE_SAMPLES = 640  # 20 ms @ 32 kHz where one piece of a sentence hands over to the next
 # Faster than this a first sentence is spoken whole. At speed s a token is 40 / s ms of audio while its GPT step costs
 # the same, so the windows' margin shrinks by s: faster than 1, the first window and the held-back tokens are s times
-# as many (:func:`at_speed`: as many latent frames as at speed 1; the later windows double from the first). Real
-# size, AVX2 kernels, 2-core EPYC Zen 4, 3 runs each, the pipeline bench's text / a first sentence of 5.5 s at speed
-# 1: at 1.5 first audio 0.34 / 0.38 s (spoken whole: 0.61 / 1.38 s), no gap; beside one busy process 0.57 / 0.68 s
-# (whole: 0.88 / 2.03 s), one gap of 29 ms in 6 runs (with speed 1's 16 tokens and 4 held back: gaps in 2 of 3 runs
-# of the short text). At 1.25: 0.39 / 0.48 s, beside a busy process 0.62 / 0.72 s, no gap. At 2 quiet 0.36 / 0.44 s,
-# no gap, but beside a busy process gaps of 45-183 ms in 5 of 9 runs (the third window: at speed 2 its GPT steps and
-# decode took longer than the audio before it played): not enabled.
+# as many (:func:`at_speed`: as many latent frames as at speed 1; the later windows double from the first). At 2 the
+# third window came late beside a busy process on 2 cores (see FINDINGS.md#early-words-at-other-speeds).
 EARLY_MAX_SPEED = 1.5
 
 
@@ -225,7 +221,7 @@ class Stages:
 
     async def load_bert_for(self, ph: Phonemes) -> None:
         """Load BERT in a helper thread before the first Chinese text needs it: the load takes seconds, and on the
-        single device thread it would stall every other listener's speech meanwhile (issue 14)."""
+        single device thread it would stall every other listener's speech meanwhile."""
         if any(piece.lang == "zh" for piece in ph.pieces):
             await asyncio.to_thread(self.engine.load_encoder, "bert")
 
@@ -347,19 +343,15 @@ class EarlyAudio:
     :data:`EARLY_CONTEXT_TOKENS` before its unsent tokens and goes out crossfaded, until the GPT ends;
     :meth:`Stages.vocode` decodes the rest the same way. So a long sentence never waits for its whole decode: a
     window of N new tokens must be ready before the N - 4 tokens of audio sent before it have played (40 ms each),
-    and takes N GPT steps and the decode of N + 8 tokens. On a 2-core AMD EPYC Zen 4 running AVX2 kernels (5.3 ms
-    per step, 6-8 ms of vocoder per token) that is about 12.5 N + 60 ms against 40 (N - 4): it holds on a CPU twice
-    as slow. The former schedule (24 tokens, then 48, 96... new: the second window's 48 tokens against 0.8 s of
-    audio) held only on a CPU 1.2x as slow, and spoke later. Measured with the default engine there, the pipeline
-    bench's text, cold, the two schedules interleaved: first audio 0.52 / 0.49 s (medians of 5 and 6 runs) against
-    0.40 / 0.41 s, RTF 0.35 / 0.36 against 0.38 / 0.36, no gap in any; beside a busy process (a slower CPU), 4 runs
-    each: 0.78 s against 0.61 s, RTF 0.61 against 0.58, and one 0.18 s gap in the former's second window. Windows
-    end at fixed token counts, every one the sentence reaches is decoded, so the audio depends only on the tokens
-    (a prosody-cache hit speaks the same samples as the run that filled it) while ``wanted`` holds (the pipeline
-    stops the windows beside another request that has not started speaking; the sentence is then decoded whole). A window decoded with 8 tokens of left
-    context matched the whole sentence's decode at 29-31 dB SNR (real size, noise-free), the first window (no right
-    context) at 24 dB. At another speed (up to :data:`EARLY_MAX_SPEED`) every piece is decoded at that speed, its
-    tokens found in it by :func:`~engines.token_sample` (at a frame edge, see :class:`Spoken`).
+    and takes N GPT steps and the decode of N + 8 tokens: about 12.5 N + 60 ms against 40 (N - 4) on a 2-core AVX2
+    CPU, so it holds on a CPU twice as slow; the former schedule (24 tokens, then 48, 96... new) held only on one 1.2x
+    as slow, and spoke later (see FINDINGS.md#early-word-windows). Windows end at fixed token counts, every one the
+    sentence reaches is decoded, so the audio depends only on the tokens (a prosody-cache hit speaks the same samples
+    as the run that filled it) while ``wanted`` holds (the pipeline stops the windows beside another request that has
+    not started speaking; the sentence is then decoded whole). A window decoded with 8 tokens of left context matches
+    the whole sentence's decode at about 30 dB SNR, the first window (no right context) at 24 dB (see
+    FINDINGS.md#early-word-windows). At another speed (up to :data:`EARLY_MAX_SPEED`) every piece is decoded at that
+    speed, its tokens found in it by :func:`~engines.token_sample` (at a frame edge, see :class:`Spoken`).
 
     Parameters
     ----------

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Protocol
 
 import numpy as np
 
-from engines import SAMPLE_RATE, SamplingParams, SpeechError, VoicePrompt
+from engines import SpeechError
+from engines.base import SAMPLE_RATE, SamplingParams, VoicePrompt
 
 if TYPE_CHECKING:  # the text front-end imports this module: a runtime import would be circular
     from synthesis.text.lexicon import Lexicon

@@ -73,7 +73,8 @@ from typing import Any, Callable, Generator, Mapping, Sequence
 import numpy as np
 import soundfile as sf  # pyright: ignore[reportMissingTypeStubs]  # untyped; its source gives the types
 
-from engines import SAMPLE_RATE, SpeechError, VoicePrompt
+from engines import SpeechError
+from engines.base import SAMPLE_RATE, VoicePrompt
 from synthesis.audio import Reference
 from synthesis.cache import SynthesisCache
 from synthesis.types import LANGUAGES, Voice, VoiceNotFound, VoiceStyle

@@ -14,7 +14,8 @@ from typing import Any, Callable, Coroutine, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from engines import DIFFUSION_FAMILIES, SAMPLE_RATE, SAMPLES_PER_TOKEN, SSL_SAMPLE_RATE, Engine, EngineError, VoicePrompt
+from engines import Engine, EngineError
+from engines.base import DIFFUSION_FAMILIES, SAMPLE_RATE, SAMPLES_PER_TOKEN, SSL_SAMPLE_RATE, VoicePrompt
 from synthesis.audio import Reference, reference_from_upload, resample
 from synthesis.precompute import precompute_phrases
 from synthesis.stages import Stages

@@ -7,8 +7,11 @@ top level, inside functions, under ``TYPE_CHECKING``. The rules:
 - a layer imports itself and the layers below it, never one above (engines knows nothing of synthesis, bot, cogs);
 - ``benchmarks`` is a tool beside the product: it may use bot, synthesis and engines (never cogs), and nothing
   imports it but the one entry in ``ENTRY`` (the bot's command line adds the bench commands);
-- across layers only the package's own surface, ``import synthesis`` or ``from synthesis import X`` with ``X`` in
-  ``synthesis.__all__``; never a submodule (``synthesis.pipeline``, ``engines.base``);
+- across layers only the package's own surface: its face (``import synthesis``, ``from synthesis import X`` with ``X``
+  in ``synthesis.__all__``) or one of the modules in ``MODULES`` that own what the face leaves out (``from
+  synthesis.voices import VoiceStore``, a name without a leading underscore); never another submodule
+  (``synthesis.pipeline``, ``engines.loader``);
+- ``cogs`` import only ``bot`` (its face carries what a command names from the layers below);
 - ``discord`` only in bot/ and cogs/; ``torch``, ``onnxruntime`` and ``tensorrt`` only in engines/; ``ray`` only in
   the modules of the Ray Serve backend that need it (synthesis/cluster/: client, replica, storage);
 - no import cycle among the project's modules: an import run at any time (top level or inside a function) is an
@@ -32,7 +35,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("benchmarks", "cogs", "bot", "synthesis", "engines")  # top to bottom; benchmarks: a tool over the product
 PRODUCT = LAYERS[1:]  # the product's own chain
-NOT_FROM = {"benchmarks": {"cogs"}}  # layers below that a layer still may not import
+NOT_FROM = {  # layers below that a layer still may not import, with the reason
+    "benchmarks": {"cogs": "benchmarks/ uses the product below cogs/, not its commands"},
+    "cogs": dict.fromkeys(("synthesis", "engines"), "cogs/ import only bot: its face has what a command names from below"),
+}
 RANK = {name: i for i, name in enumerate(LAYERS)}
 ONLY_IN = {  # third-party packages and the layers (folders) or files that may import them
     "discord": {"bot", "cogs"},
@@ -42,6 +48,23 @@ ONLY_IN = {  # third-party packages and the layers (folders) or files that may i
     # an optional extra (`.[cluster]`): a one-machine install has no ray, so nothing else may need it (the cluster's
     # options and stores neither: the config loads the options)
     "ray": {"synthesis/cluster/client.py", "synthesis/cluster/replica.py", "synthesis/cluster/storage.py"},
+}
+
+# The modules a layer above may import besides the package's face: each owns names the face leaves out (types,
+# constants, the parts bot/services.py wires). Every other submodule is the package's own.
+MODULES: dict[str, set[str]] = {
+    "engines": {
+        "engines.base",  # the types and constants that cross the Engine protocol
+        "engines.instruments",  # what the benchmarks measure from the inside
+        "engines.lazy",  # the packages' faces load their heavy names with it
+    },
+    "synthesis": {f"synthesis.{m}" for m in (
+        "types", "backend", "voices", "text", "audio", "styles", "cache", "scheduler", "cluster.client",
+        "cluster.options")},
+    "bot": {f"bot.{m}" for m in (
+        "autoread", "chat", "config", "http", "pronunciations", "services", "speaker", "speech", "store")},
+    "cogs": set(),
+    "benchmarks": set(),
 }
 
 # Files that may reach into the layers below and import torch / onnxruntime, with the reason. Only the direction
@@ -168,11 +191,15 @@ def violations(imports: list[Import], surfaces: dict[str, set[str]]) -> list[Vio
             why = (f"nothing imports {top}/ but the entries in ENTRY" if top not in PRODUCT
                    else f"{imp.layer}/ is below {top}/: imports point {' -> '.join(PRODUCT)}")
             bad.append(Violation(imp, DIRECTION, why))
-        elif top in NOT_FROM.get(imp.layer, ()):
-            bad.append(Violation(imp, DIRECTION, f"{imp.layer}/ uses the product below cogs/, not its commands"))
-        elif imp.module != top:
-            bad.append(Violation(imp, SURFACE, f"reaches into {imp.module}: import it from the package ({top})"))
-        elif private := [n for n in imp.names if n not in surfaces[top]]:
+        elif top in NOT_FROM.get(imp.layer, {}):
+            bad.append(Violation(imp, DIRECTION, NOT_FROM[imp.layer][top]))
+        elif imp.module != top and imp.module not in MODULES[top]:
+            bad.append(Violation(imp, SURFACE, f"reaches into {imp.module}: import it from the package ({top}) or "
+                                               f"a module in MODULES"))
+        elif imp.module != top and (private := [n for n in imp.names if n.startswith("_")]):
+            bad.append(Violation(imp, SURFACE, f"{', '.join(private)} private to {imp.module}"))
+        elif imp.module == top and (private := [n for n in imp.names if n not in surfaces[top]
+                                                 and f"{top}.{n}" not in MODULES[top]]):
             bad.append(Violation(imp, SURFACE, f"{', '.join(private)} not in {top}.__all__"))
     return bad
 
@@ -273,8 +300,9 @@ def _check(tmp_path: Path, files: dict[str, str]) -> list[str]:
 def test_the_checker_finds_each_kind_of_offence(tmp_path: Path) -> None:
     found = _check(tmp_path, {
         "engines/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from synthesis import Synthesizer\n",
-        "synthesis/b.py": "def f():\n    import discord\n    from engines.base import SpeechError\n",
-        "synthesis/c/d.py": "from ..e import x\nfrom . import g\nfrom engines import SpeechError, Secret\n",
+        "synthesis/b.py": "def f():\n    import discord\n    from engines.loader import load_engine\n",
+        "synthesis/c/d.py": "from ..e import x\nfrom . import g\nfrom engines import SpeechError, Secret\n"
+                            "from engines.base import _private, VoicePrompt\nfrom engines import base, instruments\n",
         "bot/f.py": "import torch.nn as nn\nimport synthesis\nfrom synthesis import Synthesizer\nfrom bot.x import y\n",
         "synthesis/cluster/client.py": "from ray import serve\n",
         "synthesis/pipeline.py": "import ray\n",
@@ -282,19 +310,20 @@ def test_the_checker_finds_each_kind_of_offence(tmp_path: Path) -> None:
     assert found == [
         "engines/a.py:3 engines/ is below synthesis/: imports point cogs -> bot -> synthesis -> engines",
         "synthesis/b.py:2 discord belongs in bot/ and cogs/ only",
-        "synthesis/b.py:3 reaches into engines.base: import it from the package (engines)",
+        "synthesis/b.py:3 reaches into engines.loader: import it from the package (engines) or a module in MODULES",
         "synthesis/c/d.py:3 Secret not in engines.__all__",
+        "synthesis/c/d.py:4 _private private to engines.base",
         "bot/f.py:1 torch belongs in engines/ only",
         "synthesis/pipeline.py:1 ray belongs in synthesis/cluster/client.py and synthesis/cluster/replica.py and "
         "synthesis/cluster/storage.py only",
     ]
     assert [imp.module for imp in imports_of(tmp_path / "synthesis/c/d.py", tmp_path)] == [
-        "synthesis.e", "synthesis.c.g", "engines"]
+        "synthesis.e", "synthesis.c.g", "engines", "engines.base", "engines"]
 
 
 def test_the_benchmarks_sit_beside_the_product(tmp_path: Path) -> None:
     found = _check(tmp_path, {
-        "benchmarks/a.py": "from bot import Services\nfrom cogs import x\nimport engines.base\n",
+        "benchmarks/a.py": "from bot import Services\nfrom cogs import x\nimport engines.loader\n",
         "bot/__main__.py": "import benchmarks\n",
         "bot/other.py": "import benchmarks\n",
         "cogs/c.py": "from benchmarks import gpt\n",
@@ -302,10 +331,24 @@ def test_the_benchmarks_sit_beside_the_product(tmp_path: Path) -> None:
     assert found == [
         "benchmarks/a.py:1 Services not in bot.__all__",
         "benchmarks/a.py:2 benchmarks/ uses the product below cogs/, not its commands",
-        "benchmarks/a.py:3 reaches into engines.base: import it from the package (engines)",
+        "benchmarks/a.py:3 reaches into engines.loader: import it from the package (engines) or a module in MODULES",
         "bot/other.py:1 nothing imports benchmarks/ but the entries in ENTRY",
         "cogs/c.py:1 nothing imports benchmarks/ but the entries in ENTRY",
     ]
+
+
+def test_the_cogs_import_only_bot(tmp_path: Path) -> None:
+    found = _check(tmp_path, {
+        "cogs/a.py": "import bot\nfrom bot.speech import NoVoice\nfrom synthesis import Synthesizer\nimport engines\n"
+                     "from bot.client import VoiceBot\nfrom cogs.base import ReplyingCog\n",
+    })
+    only_bot = "cogs/ import only bot: its face has what a command names from below"
+    assert found == [f"cogs/a.py:3 {only_bot}", f"cogs/a.py:4 {only_bot}",
+                     "cogs/a.py:5 reaches into bot.client: import it from the package (bot) or a module in MODULES"]
+    # and in the tree: every project import of a cog is of cogs/ or bot/
+    below = [str(imp) for imp in all_imports() if imp.layer == "cogs" and imp.module.split(".")[0] in LAYERS
+             and imp.module.split(".")[0] not in ("cogs", "bot")]
+    assert below == []
 
 
 def test_the_cycle_finder_counts_lazy_imports_and_not_type_checking_ones(tmp_path: Path) -> None:

@@ -51,8 +51,9 @@ from aiohttp import web
 from bot.config import Config
 from bot.http.reference_files import REFERENCE_OWNER, reference_path, reference_voice
 from bot.http.responses import ApiError, pydantic_message, services_of, stream_audio, whole_audio
-from synthesis import (LANGUAGES, SPLIT_METHODS, SpeechError, SynthesisParams, Voice, VoiceNotFound,
-                       check_speakable)
+from synthesis import SpeechError, SynthesisParams, Voice
+from synthesis.text import check_speakable
+from synthesis.types import LANGUAGES, SPLIT_METHODS, VoiceNotFound
 
 if TYPE_CHECKING:
     from bot.voice_service import VoiceService

@@ -39,7 +39,9 @@ from bot.http.openai_speech import resolve_voice
 from bot.http.responses import ApiError, AudioOut, services_of
 from bot.http.stream_input import refuse_unknown
 from bot.http.ws_session import Input, Piece, Session, b64
-from synthesis import LANGUAGES, Voice, VoiceNotFound, with_style
+from synthesis import Voice
+from synthesis.styles import with_style
+from synthesis.types import LANGUAGES, VoiceNotFound
 
 DEFAULT_FORMAT = "mp3_44100_128"  # ElevenLabs' default
 # output_format -> (synthesis.audio / G.711 format, sample rate Hz)

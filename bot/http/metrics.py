@@ -5,7 +5,8 @@ time to first audio (request arrival to the first audio byte written) and real-t
 audio seconds), audio seconds sent and streams cut short. The synthesizer's ``metrics()`` is read at each scrape:
 queue depth, cache hit ratios, counters, summaries (quantiles over a sliding window, as such summaries have) of its
 recent time-to-first-audio and real-time-factor samples (Discord requests included; absent until there is a sample,
-never NaN), and an info series naming the engine, device and precision. Every name spells its unit out (seconds)
+never NaN), and an info series naming the engine, device, precision and what the engine plan runs (GPT runner,
+weight format, KV dtype, vocoder, BERT, threads). Every name spells its unit out (seconds)
 and ``promtool check metrics`` finds nothing to lint. Process metrics (CPU, memory, open files) come with it. The text format or OpenMetrics is chosen by the
 scraper's ``Accept`` header.
 """
@@ -88,7 +89,7 @@ class _SynthCollector:
         m = self._source()
         info = {_metric_name(k): str(v) for k, v in m.items() if isinstance(v, str)}
         if info:
-            family = InfoMetricFamily(f"{PREFIX}_engine", "The loaded engine, device and precision.")
+            family = InfoMetricFamily(f"{PREFIX}_engine", "The loaded engine, device, precision and engine plan.")
             family.add_metric([], info)
             yield family
         for key, value in sorted(m.items()):

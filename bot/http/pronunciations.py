@@ -1,6 +1,6 @@
 """The HTTP API's pronunciation dictionary and what a text will be read as.
 
-* ``GET /pronunciations``: the dictionary, in the file format (``synthesis.Lexicon``; the same as
+* ``GET /pronunciations``: the dictionary, in the file format (``synthesis.text.Lexicon``; the same as
   ``python -m bot pronounce export --http``).
 * ``POST /pronunciations``: add or replace one entry, ``{"word": "Nguyen", "say": "win"}`` or
   ``{"word": "Nguyen", "phones": "W IH1 N", "lang": "en"}``; or, with an ``entries`` list (a dictionary file),
@@ -25,7 +25,8 @@ from aiohttp import web
 from bot.http.api_v2 import ParamReader, check_text, read_json_object
 from bot.http.responses import ApiError, services_of
 from bot.pronunciations import PronunciationFile, explain_phonemes
-from synthesis import LANGUAGES, LexiconError
+from synthesis.text import LexiconError
+from synthesis.types import LANGUAGES
 
 _ENTRY_KEYS = ("word", "say", "phones", "lang")
 

@@ -23,7 +23,9 @@ from typing import Any, Sequence
 
 from bot.config import MB
 from bot.http.responses import ApiError
-from synthesis import Voice, VoiceNotFound, read_upload_file
+from synthesis import Voice
+from synthesis.audio import read_upload_file
+from synthesis.types import VoiceNotFound
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,10 @@ import pydantic
 from aiohttp import web
 
 from bot.http.metrics import HttpMetrics
-from synthesis import (AudioChunk, AudioInputError, BusyError, DeadlineError, EngineError, SpeechError, StreamEncoder,
-                       StreamResampler, VoiceNotFound, encode_audio, resample, to_pcm16)
+from engines import EngineError
+from synthesis import SpeechError
+from synthesis.audio import StreamEncoder, StreamResampler, encode_audio, resample
+from synthesis.types import AudioChunk, AudioInputError, BusyError, DeadlineError, VoiceNotFound, to_pcm16
 
 if TYPE_CHECKING:
     from bot.services import Services

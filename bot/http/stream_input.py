@@ -39,7 +39,8 @@ from bot.http.api_v2 import (MAX_SEED, ParamReader, base_params, lookup_voice, m
 from bot.http.guard import QUERY_CREDENTIALS
 from bot.http.responses import RETRY_AFTER_BUSY_S, ApiError, AudioOut, services_of
 from bot.http.ws_session import Input, Piece, Session, b64
-from synthesis import LANGUAGES, SAMPLE_RATE, SPLIT_METHODS
+from engines.base import SAMPLE_RATE
+from synthesis.types import LANGUAGES, SPLIT_METHODS
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,8 @@ from bot.config import MB
 from bot.http.api_v2 import check_chars
 from bot.http.guard import client_of
 from bot.http.responses import ApiError, say_ignored, services_of
-from synthesis import LANGUAGES, check_speakable
+from synthesis.text import check_speakable
+from synthesis.types import LANGUAGES
 
 FORM_ROOM_BYTES = 64 * 1024  # bytes a form may hold besides its audio (name, transcript, labels, part headers)
 FIELD_MAX_BYTES = 8 * 1024  # longest text field (a transcript of a 10 s clip is well under 1 KiB)

@@ -24,7 +24,8 @@ from aiohttp import WSMsgType, web
 
 from bot.http import guard
 from bot.http.responses import METRICS, REQUEST_T0, ApiError, AudioOut, error_for
-from synthesis import SpeechError, SpeechSynthesizer
+from synthesis import SpeechError
+from synthesis.types import SpeechSynthesizer
 
 log = logging.getLogger(__name__)
 

@@ -40,20 +40,19 @@ def ieee_fp32_on_cuda(device: Any) -> None:
     """On a CUDA ``device``: fp32 convolutions and matrix products in IEEE fp32, not TF32, and attention without
     cuDNN's kernels. Process-wide, as torch's switches are.
 
-    cuDNN runs fp32 convolutions in TF32 by default: on an H200 that put the fp32 SoVITS waveform up to 7e-4 from
-    upstream's (the conformance bound is 1e-4) and the SV embedding up to 0.27. fp32 on a GPU is the exact mode (the
-    fast ones are fp16/bf16, which this does not touch).
+    cuDNN runs fp32 convolutions in TF32 by default, which put the fp32 SoVITS waveform beyond the 1e-4 conformance
+    bound; fp32 on a GPU is the exact mode (the fast ones are fp16/bf16, which this does not touch).
 
-    torch's attention picks cuDNN's on Hopper, which builds a plan for every new shape: on an H200 (torch 2.11) the
-    first prefill of each new sentence length took 0.1-0.9 s instead of 12 ms, and each new cache length of the
-    decode 0.4-0.7 s, stalls a user hears; with flash / memory-efficient attention 12-22 ms."""
+    torch's attention picks cuDNN's on Hopper, which builds a plan for every new shape: each new sentence length and
+    each new cache length stalled for a large part of a second, a stall a user hears; flash / memory-efficient
+    attention does not (see FINDINGS.md#fp32-on-cuda)."""
     import torch
 
     if not str(device).startswith("cuda"):
         return
     torch.backends.cuda.enable_cudnn_sdp(False)
-    # torch's old switches, not its per-operator precision (fp32_precision = "ieee", what ran on the H200): after
-    # that one, reading torch.backends.cudnn.allow_tf32, as other code may, raises (torch 2.13); these set every
+    # torch's old switches, not its per-operator precision (fp32_precision = "ieee", see FINDINGS.md#fp32-on-cuda):
+    # after that one, reading torch.backends.cudnn.allow_tf32, as other code may, raises (torch 2.13); these set every
     # operator's precision to "none", which is not TF32
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False

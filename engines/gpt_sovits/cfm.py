@@ -18,15 +18,14 @@ concatenates them, as upstream does before its one vocoder call.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 from torch import Tensor
 
-from engines.gpt_sovits.dit import DiT
 from engines.gpt_sovits.family import FamilySpec
 
-__all__ = ["MelPrompt", "sample", "iter_mel_chunks", "synthesize_mel", "check_sampling", "NoiseSource"]
+__all__ = ["Estimator", "MelPrompt", "sample", "iter_mel_chunks", "synthesize_mel", "check_sampling", "NoiseSource"]
 
 MEL_DIM = 100
 CFG_EPS = 1e-5  # a guidance rate at or below this is off (upstream)
@@ -34,6 +33,20 @@ MAX_CFG = 2.0  # v5 validates cfg in [0, 2]
 
 NoiseSource = Callable[[int, int], Tensor]
 """``(chunk index, frames) -> [1, 100, frames]`` standard-normal noise for that chunk's sampler call."""
+
+
+class Estimator(Protocol):
+    """The velocity network as the sampler drives it: :class:`~engines.gpt_sovits.dit.DiT` (the fast path, fp32),
+    its int8 copy, or :class:`~engines.gpt_sovits.dit_naive.NaiveDiT` (upstream's eager forward per step)."""
+
+    def prepare(self, cond: Tensor, text: Tensor, times: Tensor, d: Tensor | None, x_lens: Tensor | None = None,
+                negative: str | None = None) -> Any:
+        """What stays fixed over one sampler call (see :meth:`engines.gpt_sovits.dit.DiT.prepare`)."""
+        ...
+
+    def step(self, x: Tensor, prep: Any, k: int) -> Tensor:
+        """The velocity ``[B, T, 100]`` at step ``k`` (row 1: the CFG negative, when prepared)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -88,7 +101,7 @@ def check_sampling(spec: FamilySpec, steps: int | None, cfg: float | None) -> tu
     return n, rate
 
 
-def sample(dit: DiT, mu: Tensor, prompt: Tensor, steps: int, spec: FamilySpec, cfg: float = 0.0,
+def sample(dit: Estimator, mu: Tensor, prompt: Tensor, steps: int, spec: FamilySpec, cfg: float = 0.0,
            noise: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
     """One sampler call (upstream ``CFM.inference`` / ``CFMV5.inference``).
 
@@ -137,7 +150,7 @@ def sample(dit: DiT, mu: Tensor, prompt: Tensor, steps: int, spec: FamilySpec, c
     return x.transpose(1, 2)
 
 
-def iter_mel_chunks(dit: DiT, prompt: MelPrompt, features: Tensor, spec: FamilySpec, steps: int, cfg: float = 0.0,
+def iter_mel_chunks(dit: Estimator, prompt: MelPrompt, features: Tensor, spec: FamilySpec, steps: int, cfg: float = 0.0,
                     noise: NoiseSource | None = None, generator: torch.Generator | None = None) -> Iterator[Tensor]:
     """Sample a sentence's normalised mel chunk by chunk, the family's way; yields ``[1, 100, n_k]`` per chunk.
 
@@ -179,7 +192,7 @@ def iter_mel_chunks(dit: DiT, prompt: MelPrompt, features: Tensor, spec: FamilyS
             prompt_mel, prompt_fea = prev_mel, prev_fea
 
 
-def synthesize_mel(dit: DiT, prompt: MelPrompt, features: Tensor, spec: FamilySpec, steps: int, cfg: float = 0.0,
+def synthesize_mel(dit: Estimator, prompt: MelPrompt, features: Tensor, spec: FamilySpec, steps: int, cfg: float = 0.0,
                    noise: NoiseSource | None = None, generator: torch.Generator | None = None) -> Tensor:
     """The whole sentence's normalised mel ``[1, 100, T]`` (:func:`iter_mel_chunks`, concatenated)."""
     return torch.cat(list(iter_mel_chunks(dit, prompt, features, spec, steps, cfg, noise, generator)), dim=-1)

@@ -9,7 +9,8 @@ into the products, as 15-bit integers inside them), so they round less than dyna
 The library is compiled with the system C compiler (``cc``) on first use for this very CPU (``-march=native``; set
 ``VOICEBOT_MARCH`` to build for another, as ``make test-avx2`` does for the CPU it emulates) and cached in
 :func:`kernel_dir` under a name that covers the source, the compiler, the flags and the CPU's flags. Without a
-compiler the model keeps its TorchScript step (slower; the log says how to get the fast one).
+compiler the engine plan runs the TorchScript step or the step graphs instead (slower; the plan's log line says how
+to get the fast one).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ MAX_ROWS = 16  # rows one call decodes (VB_MAX_ROWS in the C source)
 PER_LAYER = 17  # pointers per layer in the parameter table (P_PER_LAYER)
 MARCH_ENV = "VOICEBOT_MARCH"  # the -march the library is built for: this CPU ("native") unless set (emulated CPUs)
 CFLAGS = ("-O3", f"-march={os.environ.get(MARCH_ENV) or 'native'}", "-fPIC", "-shared", "-pthread")
-DISABLE_ENV = "VOICEBOT_FUSED_STEP"  # "0": never use the fused step (the TorchScript step runs instead)
 _reason: str | None = None  # why the library is unavailable, once load_library() failed
 
 
@@ -107,11 +107,9 @@ def find_compiler() -> str | None:
 @functools.lru_cache(maxsize=None)
 def load_library() -> ctypes.CDLL | None:
     """The fused-step library for this CPU, built on first use; ``None`` (reason in :func:`unavailable_reason`)
-    where it is turned off, or cannot be built or loaded here."""
+    where it cannot be built or loaded here. Whether the GPT uses it is the engine plan's decision
+    (``engine.gpt_runner``, :mod:`engines.plan`)."""
     global _reason
-    if os.environ.get(DISABLE_ENV, "1") == "0":
-        _reason = f"{DISABLE_ENV}=0"
-        return None
     cc = find_compiler()
     if cc is None:
         _reason = "no C compiler found (install gcc: apt-get install gcc)"

@@ -23,8 +23,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from engines.gpt_sovits.cfm import MelPrompt, NoiseSource, check_sampling, iter_mel_chunks, synthesize_mel
+from engines.gpt_sovits.cfm import Estimator, MelPrompt, NoiseSource, check_sampling, iter_mel_chunks, synthesize_mel
 from engines.gpt_sovits.dit_checkpoint import load_dit_sovits_checkpoint, load_vocoder48k_checkpoint
+from engines.gpt_sovits.dit_int8 import choose_estimator
+from engines.gpt_sovits.dit_naive import NaiveDiT
 from engines.gpt_sovits.family import FamilySpec
 from engines.gpt_sovits.mel import denorm_spec, log_mel, norm_spec, resample
 from engines.gpt_sovits.mel_sovits import MelSoVITS
@@ -39,6 +41,13 @@ STYLE_RATE = 32000  # Hz: the linear spectrogram ge is computed from (v2's front
 # Mel frames of context the vocoder gets on each side of a streamed piece, so a piece's samples equal those of one
 # call over the whole mel (the vocoders see about +-20 frames; both tiny and released widths have these kernels)
 STREAM_CONTEXT = 32
+PATHS = ("fast", "fp32", "naive")  # DiffusionDecoder.load's path option
+
+
+def _has_onnxruntime() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("onnxruntime") is not None
 
 
 @dataclass(frozen=True)
@@ -68,9 +77,13 @@ class DiffusionDecoder:
         ``log-mel [1, 100, T] -> wav [1, 1, hop T]`` (:class:`Vocoder48k`; v3: :class:`BigVGAN`).
     """
 
-    def __init__(self, sovits: MelSoVITS, vocoder: nn.Module | Callable[[Tensor], Tensor]) -> None:
+    def __init__(self, sovits: MelSoVITS, vocoder: nn.Module | Callable[[Tensor], Tensor],
+                 estimator: Estimator | None = None, path: str = "fp32") -> None:
         self.sovits = sovits
         self.vocoder = vocoder
+        self.estimator: Estimator = sovits.dit if estimator is None else estimator  # what the sampler runs
+        self.path = path  # "fast" (and what it resolved to: see :attr:`precisions`), "fp32" or "naive"
+        self.precisions = {"dit": "fp32", "vocoder": "fp32"}  # what runs (fast: int8 where proven)
 
     @property
     def family(self) -> FamilySpec:
@@ -84,19 +97,55 @@ class DiffusionDecoder:
     @classmethod
     def load(cls, sovits_path: str | os.PathLike[str], vocoder_path: str | os.PathLike[str],
              family: str | None = None, device: str | torch.device = "cpu",
-             dtype: torch.dtype = torch.float32) -> DiffusionDecoder:
+             dtype: torch.dtype = torch.float32, *, path: str = "fast", threads: int = 0,
+             cache_dir: str | os.PathLike[str] | None = None,
+             sovits_base: str | os.PathLike[str] | None = None) -> DiffusionDecoder:
         """Load both files (restricted unpickling); ModelFormatError (one line) if either is wrong.
 
         ``family`` is the configured one; the SoVITS file's own header, name or config decides where it says.
+
+        Parameters
+        ----------
+        path:
+            ``"fast"`` (default): the DiT with everything constant over a sampler call computed once, q/k/v fused
+            and CFG's negative batched with the positive; on a CPU in fp32 its block linears in int8 and the 48 kHz
+            vocoder under ONNX Runtime (its residual blocks in int8), each only where its proof on this model holds
+            (else fp32, logged). ``"fp32"``: the same without int8 (the exact path the conformance tests hold to
+            upstream). ``"naive"``: upstream's eager fp32 forward every step and the vocoder in eager torch (the
+            benchmark's baseline).
+        threads:
+            CPU threads of the ONNX Runtime vocoder (0: every core the process may use); torch's own follow the
+            calling thread (the engine's ``bind_thread``).
+        cache_dir:
+            where the int8 proofs' verdicts and the int8 vocoder graph are kept (a restart does not prove again);
+            None: the DiT is proven at every load and the vocoder stays fp32.
         """
-        sovits = MelSoVITS.from_checkpoint(load_dit_sovits_checkpoint(sovits_path, family), device, dtype)
+        if path not in PATHS:
+            raise ValueError(f"unknown decoder path {path!r}; use one of {', '.join(PATHS)}")
+        sovits = MelSoVITS.from_checkpoint(load_dit_sovits_checkpoint(sovits_path, family, sovits_base), device, dtype)
         if sovits.family.name == "v3":
             from engines.gpt_sovits.bigvgan import BigVGAN  # v3 only
 
             vocoder: nn.Module = BigVGAN.from_folder(Path(vocoder_path), device, dtype)
         else:
             vocoder = Vocoder48k.from_state_dict(load_vocoder48k_checkpoint(vocoder_path), device, dtype)
-        return cls(sovits, vocoder)
+        if path == "naive":
+            return cls(sovits, vocoder, NaiveDiT(sovits.dit), path)
+        decoder = cls(sovits, vocoder, sovits.dit, path)
+        on_cpu = torch.device(device).type == "cpu" and dtype == torch.float32
+        if not on_cpu:
+            return decoder
+        if path == "fast":
+            decoder.estimator, decoder.precisions["dit"] = choose_estimator(sovits, sovits_path, cache_dir)
+        if isinstance(vocoder, Vocoder48k) and _has_onnxruntime():
+            from engines.gpt_sovits.vocoder_ort import OrtVocoder
+
+            spec = sovits.family
+            ort_vocoder = OrtVocoder.from_module(vocoder, threads, int8=path == "fast", cache_dir=cache_dir,
+                                                 source=vocoder_path,
+                                                 mel_front_end=(spec.mel_rate, spec.mel_fft, spec.mel_hop))
+            decoder.vocoder, decoder.precisions["vocoder"] = ort_vocoder, ort_vocoder.precision
+        return decoder
 
     def prompt(self, ref_wav: Tensor | np.ndarray, ref_rate: int, ref_codes: Tensor, ref_phones: Tensor) -> DiffusionPrompt:
         """A voice's prompt from its reference clip, its semantic tokens and its transcript's phones.
@@ -135,7 +184,7 @@ class DiffusionDecoder:
         n, rate = check_sampling(self.family, steps, cfg)
         device = self.sovits.codebook.device
         features = self.sovits.features(codes.to(device), phones.to(device), voice.ge, speed)
-        return synthesize_mel(self.sovits.dit, voice.prompt, features, self.family, n, rate, noise, generator)
+        return synthesize_mel(self.estimator, voice.prompt, features, self.family, n, rate, noise, generator)
 
     def vocode(self, mel: Tensor) -> Tensor:
         """Normalised mel ``[1, 100, T]`` -> waveform ``[T * hop]`` float32 at :attr:`sample_rate`."""
@@ -167,7 +216,7 @@ class DiffusionDecoder:
         mel: Tensor | None = None
         done = 0  # frames whose samples were yielded
         total = int(features.shape[-1])
-        for chunk in iter_mel_chunks(self.sovits.dit, voice.prompt, features, self.family, n, rate, noise, generator):
+        for chunk in iter_mel_chunks(self.estimator, voice.prompt, features, self.family, n, rate, noise, generator):
             mel = chunk if mel is None else torch.cat((mel, chunk), dim=-1)
             have = int(mel.shape[-1])
             ready = have if have >= total else have - context  # the last chunk has no next one to wait for

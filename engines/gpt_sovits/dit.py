@@ -9,9 +9,10 @@ sampler call is computed once (:meth:`DiT.prepare`): the text embedding, the pro
 projection, the rotary table, and the AdaLN modulations of *every* step (they depend on ``t`` only, so all steps'
 come from one batched matrix product). A step (:meth:`DiT.step`) is then the noisy-mel projection plus the blocks.
 q, k and v are one fused matrix product (``to_q/to_k/to_v`` concatenated at load). CFG's negative rides in the same
-batch as the positive. The naive upstream path this is compared with: ``DiT.forward`` as upstream runs it per step
-(separate q/k/v, the full 712-wide input projection, per-step modulations, a second call for the CFG negative),
-which :meth:`DiT.forward` here reproduces for tests.
+batch as the positive; the LayerNorms take their AdaLN modulation as their affine, and rotary positions are written
+in place into the first head. The naive upstream path this is compared with (per step a whole forward with separate
+q/k/v, per-step modulations, a second call for the CFG negative) is :class:`~engines.gpt_sovits.dit_naive.NaiveDiT`;
+:meth:`DiT.forward` is one upstream-signature call over the fast pieces, for the conformance tests.
 
 Upstream quirks kept (reference section 9): rotary positions reach only the first head (the first ``dim_head``
 channels of q/k are rotated, pairs interleaved); the text embedding adds sinusoidal positions before 4 ConvNeXt-V2
@@ -193,7 +194,8 @@ class _Attention(nn.Module):
         b, t, _ = x.shape
         inner = self.heads * self.dim_head
         q, k, v = self.qkv(x).split(inner, dim=-1)
-        q, k = _rotate_first_head(q, rope), _rotate_first_head(k, rope)
+        _rotate_first_head(q, rope)
+        _rotate_first_head(k, rope)
         shape = (b, t, self.heads, self.dim_head)
         attn_mask = None if mask is None else mask[:, None, None, :]
         o = F.scaled_dot_product_attention(q.reshape(shape).transpose(1, 2), k.reshape(shape).transpose(1, 2),
@@ -202,14 +204,15 @@ class _Attention(nn.Module):
         return out if mask is None else out.masked_fill(~mask[..., None], 0.0)
 
 
-def _rotate_first_head(x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
-    """Rotary positions on the first ``rot`` channels (head 0) only, adjacent pairs ``(x_2j, x_2j+1)`` rotated."""
+def _rotate_first_head(x: Tensor, rope: tuple[Tensor, Tensor]) -> None:
+    """Rotary positions on the first ``rot`` channels (head 0) only, in place, adjacent pairs ``(x_2j, x_2j+1)``
+    rotated; the other heads are not touched (upstream concatenates them back, a copy of all of q and k)."""
     cos, sin = rope  # [T, rot] each, angles interleaved [a0, a0, a1, a1, ...]
     rot = cos.shape[-1]
     head = x[..., :rot]
     pairs = head.reshape(*head.shape[:-1], rot // 2, 2)
     turned = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    return torch.cat((head * cos + turned * sin, x[..., rot:]), dim=-1)
+    head.copy_(torch.addcmul(turned * sin, head, cos))
 
 
 class _FeedForward(nn.Module):
@@ -243,11 +246,13 @@ class _DiTBlock(nn.Module):
 
     def forward(self, x: Tensor, mod: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor | None) -> Tensor:
         # mod [6, dim]: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp
+        # the modulation is the LayerNorm's affine (one pass over the frames, not two); x is the caller's own
+        # buffer, so the residual adds go in place
         d = x.shape[-1]
-        h = torch.addcmul(mod[0], F.layer_norm(x, (d,), eps=LN_EPS), 1 + mod[1])
-        x = torch.addcmul(x, mod[2], self.attn(h, rope, mask))
-        h = torch.addcmul(mod[3], F.layer_norm(x, (d,), eps=LN_EPS), 1 + mod[4])
-        return torch.addcmul(x, mod[5], self.ff(h))
+        h = F.layer_norm(x, (d,), 1 + mod[1], mod[0], LN_EPS)
+        x = x.addcmul_(mod[2], self.attn(h, rope, mask))
+        h = F.layer_norm(x, (d,), 1 + mod[4], mod[3], LN_EPS)
+        return x.addcmul_(mod[5], self.ff(h))
 
 
 @dataclass
@@ -310,6 +315,10 @@ class DiT(nn.Module):
         return out
 
     # --------------------------------------------------------------------------------------------- pieces
+    def block(self, i: int) -> _DiTBlock:
+        """Transformer block ``i``."""
+        return cast(_DiTBlock, self.transformer_blocks[i])
+
     def time_embedding(self, t: Tensor, d: Tensor | None) -> Tensor:
         """``[S]`` flow times (and v3/v4 step sizes) -> ``[S, dim]`` ``time_embed(t) + d_embed(d)``."""
         emb = self.time_embed(t)
@@ -385,8 +394,7 @@ class DiT(nn.Module):
         for i, blk in enumerate(self.transformer_blocks):
             h = blk(h, mods[i], prep.rope, prep.mask)
         fm = prep.final_mods[k]
-        h = torch.addcmul(fm[1], F.layer_norm(h, (h.shape[-1],), eps=LN_EPS), 1 + fm[0])
-        return self.proj_out(h)
+        return self.proj_out(F.layer_norm(h, (h.shape[-1],), 1 + fm[0], fm[1], LN_EPS))
 
     def forward(self, x0: Tensor, cond0: Tensor, x_lens: Tensor, time: Tensor, dt: Tensor | None, text0: Tensor,
                 drop_audio_cond: bool = False, drop_text: bool = False) -> Tensor:

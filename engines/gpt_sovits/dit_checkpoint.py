@@ -5,7 +5,8 @@ upstream's ``utils.HParams``), for three more kinds of file (reference section 1
 
 * the SoVITS ``.pth`` (``SynthesizerTrnV3``): ``{"weight", "config", "info"}`` like v2, with the zip's ``PK``
   replaced by ``03`` (v3), ``04`` (v4), ``07`` (v5dev) or ``08`` (v5turbo), or a plain ``PK`` file (released v3/v4
-  models and full fine-tunes);
+  models and full fine-tunes); a ``03``/``04`` file is a LoRA fine-tune (``lora_rank`` in the dict), merged onto its
+  base model as upstream merges it (:mod:`engines.gpt_sovits.dit_lora`);
 * the 48 kHz HiFi-GAN ``vocoder.pth`` of v4/v5: a plain state dict, weight norm already removed;
 * v3's BigVGAN folder: ``config.json`` + ``bigvgan_generator.pt`` = ``{"generator": state dict}`` (weight norm kept).
 
@@ -27,13 +28,15 @@ import torch
 
 from engines.base import ModelFormatError
 from engines.gpt_sovits.checkpoint import SovitsCheckpoint, _load_torch_file, _to_plain, is_dict  # pyright: ignore[reportPrivateUsage]
+from engines.gpt_sovits.dit_lora import is_lora_weights, merge_lora
 from engines.gpt_sovits.family import DIT_FAMILIES
 
 log = logging.getLogger(__name__)
 
 __all__ = ["load_dit_sovits_checkpoint", "load_vocoder48k_checkpoint", "load_bigvgan_checkpoint", "BigVGANCheckpoint",
-           "is_dit_sovits"]
+           "is_dit_sovits", "is_lora_file"]
 
+LORA_FILE_TAGS = (b"03", b"04")  # upstream head2version: the LoRA trainer's files
 DIT_TAGS = {b"02": "v3", b"03": "v3", b"04": "v4", b"07": "v5dev", b"08": "v5turbo"}  # upstream head2version
 RELEASED_NAMES = {"s2gv3.pth": "v3", "s2gv4.pth": "v4", "s2gv5dev.pth": "v5dev", "s2gv5turbo.pth": "v5turbo"}
 STEP_EMBED_KEY = "cfm.estimator.d_embed.time_mlp.0.weight"  # present in v3/v4, absent in v5
@@ -44,28 +47,52 @@ BIGVGAN_CONFIG = "config.json"
 HINT = "set models.family to the file's family (v3, v4, v5dev or v5turbo) or download the file again"
 
 
-def load_dit_sovits_checkpoint(path: str | os.PathLike[str], expected: str | None = None) -> SovitsCheckpoint:
+def load_dit_sovits_checkpoint(path: str | os.PathLike[str], expected: str | None = None,
+                               base: str | os.PathLike[str] | None = None) -> SovitsCheckpoint:
     """Load a v3/v4/v5dev/v5turbo SoVITS ``.pth`` without running any code from it.
 
     Parameters
     ----------
     path:
-        the file (upstream ``s2Gv4.pth``, ``s2Gv5turbo.pth``, a fine-tune...).
+        the file (upstream ``s2Gv4.pth``, ``s2Gv5turbo.pth``, a fine-tune, a LoRA fine-tune...).
     expected:
         the configured family; it decides only for an untagged file whose name and config do not say.
+    base:
+        the pretrained SoVITS a LoRA file was trained on (``models.sovits_base``); read only for a LoRA file, whose
+        tensors go on top of it and whose pairs are merged in (:func:`engines.gpt_sovits.dit_lora.merge_lora`).
 
     Returns
     -------
     SovitsCheckpoint
-        ``version`` is the family; tensors as stored (fp16 in released files).
+        ``version`` is the family; tensors as stored (fp16 in released files), a LoRA's merged linears in fp32.
 
     Raises
     ------
     ModelFormatError
-        unreadable, unsafe, a v2-family file, a LoRA file, a tag that contradicts the weights, or a DiT with blocks
-        missing; one line that names the file and the fix.
+        unreadable, unsafe, a v2-family file, a LoRA file without its base (or with a malformed pair), a tag that
+        contradicts the weights, or a DiT with blocks missing; one line that names the file and the fix.
     """
     path = Path(path)
+    head, obj, sd = _read(path)
+    if not is_lora_weights(obj, obj["weight"]):
+        return _checked(path, head, obj, sd, expected)
+    config = _to_plain(obj.get("config", {}))
+    family = _family(path, head, True, config if is_dict(config) else {}, expected)
+    base_path = _base_file(path, family, base)
+    base_head, base_obj, base_sd = _read(base_path)
+    if is_lora_weights(base_obj, base_obj["weight"]):
+        raise ModelFormatError(f"{base_path}: models.sovits_base is itself a LoRA file; point it at the {family} "
+                               f"pretrained SoVITS (`python -m bot models download --family {family}`).")
+    pretrained = _checked(base_path, base_head, base_obj, base_sd, family)
+    if pretrained.version != family:
+        raise ModelFormatError(f"{path} is a {family} LoRA but its base {base_path} is a {pretrained.version} SoVITS; "
+                               f"set models.sovits_base to the {family} pretrained SoVITS.")
+    merged = merge_lora(path, sd, obj.get("lora_rank"), pretrained.state_dict)
+    return _checked(path, head, obj, merged, family)
+
+
+def _read(path: Path) -> tuple[bytes, dict[str, Any], dict[str, torch.Tensor]]:
+    """A SoVITS file's tag, its unpickled dict (with a ``weight`` dict) and its tensors by name."""
     try:
         with open(path, "rb") as f:
             head = f.read(2)
@@ -74,10 +101,25 @@ def load_dit_sovits_checkpoint(path: str | os.PathLike[str], expected: str | Non
     obj = _load_torch_file(path, kind="SoVITS", accept=tuple(DIT_TAGS))
     if not is_dict(obj) or not is_dict(obj.get("weight")):
         raise ModelFormatError(f"{path}: not a GPT-SoVITS SoVITS checkpoint (expected a 'weight' entry).")
-    if "lora_rank" in obj:
-        raise ModelFormatError(f"{path}: this is a LoRA file (rank {obj['lora_rank']}), which needs its base model "
-                               "merged in; LoRA files are not supported yet, use a full fine-tune or the base model.")
     sd: dict[str, torch.Tensor] = {str(k): v for k, v in obj["weight"].items() if isinstance(v, torch.Tensor)}
+    return head, obj, sd
+
+
+def _base_file(path: Path, family: str, base: str | os.PathLike[str] | None) -> Path:
+    """The base model of a LoRA file, which must exist; a one-line ModelFormatError with the fix otherwise."""
+    fetch = f"`python -m bot models download --family {family}` fetches it"
+    if base is None:
+        raise ModelFormatError(f"{path} is a {family} LoRA file, which needs its base model: set models.sovits_base "
+                               f"to the {family} pretrained SoVITS ({fetch}).")
+    if not Path(base).is_file():
+        raise ModelFormatError(f"{path} is a {family} LoRA file and its base model {base} is missing: run "
+                               f"`python -m bot models download --family {family}`, or set models.sovits_base.")
+    return Path(base)
+
+
+def _checked(path: Path, head: bytes, obj: dict[str, Any], sd: dict[str, torch.Tensor],
+             expected: str | None) -> SovitsCheckpoint:
+    """A diffusion-family checkpoint from a file's (or a merge's) tensors, its family checked against them."""
     if any(k.startswith(("model.ar_", "ar_")) for k in sd):
         raise ModelFormatError(f"{path}: this is a GPT model (.ckpt), not a SoVITS model (.pth); swap the two paths.")
     if DIT_KEY not in sd:
@@ -196,3 +238,9 @@ def is_dit_sovits(path: str | os.PathLike[str]) -> bool:
         return False  # a v2-family tag (v2Pro, v2ProPlus)
     obj = _load_torch_file(path, kind="SoVITS", accept=tuple(DIT_TAGS))
     return is_dict(obj) and is_dict(obj.get("weight")) and DIT_KEY in obj["weight"]
+
+
+def is_lora_file(path: str | os.PathLike[str]) -> bool:
+    """Whether a SoVITS file carries upstream's LoRA tag (``03`` v3, ``04`` v4): its weights need its base model."""
+    with open(path, "rb") as f:
+        return f.read(2) in LORA_FILE_TAGS

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FamilySpec", "FAMILIES", "family_spec", "DIT_FAMILIES"]
+__all__ = ["FamilySpec", "FAMILIES", "family_spec", "DIT_FAMILIES", "MAX_CFG"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class FamilySpec:
 
 
 V5_STEPS = (4, 8, 16, 32)  # upstream validate_v5_sampling
+MAX_CFG = 2.0  # the guidance rate bound v5 validates (v3/v4 take none)
 
 
 def _at_48k(name: str, steps: int, cfg: float, v5: bool) -> FamilySpec:

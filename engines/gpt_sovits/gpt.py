@@ -192,7 +192,7 @@ class Text2SemanticModel(nn.Module):
         self._prefill_solo_left = 0  # prefills still to run on one thread (the cores were shared just now)
         self.cache_dtype = torch.float32  # dtype of the KV cache: compute dtype, or bf16 for the int8 CPU path
         self.quantized = False  # int8 linears (quantize_int8)
-        self.use_fused = True  # decode with the fused CPU step where it can run (tests turn it off to compare)
+        self.fused_lib: Any = None  # the fused CPU step's library (use_fused_step), or None: the layer loop
         self._fused: cpu_step.FusedStep | None = None  # the fused step over the current cache, see setup_caches
         self._weights: list[torch.Tensor] = []  # per layer, flat: see _collect_layer_params
         self._packed: list[Any] = []  # per layer, flat: the int8 linears' packed params (quantized only)
@@ -272,19 +272,20 @@ class Text2SemanticModel(nn.Module):
         self.max_slots = self.max_len = 0
         return self
 
-    def quantize_int8(self) -> Text2SemanticModel:
+    def quantize_int8(self, weight_only: bool = True) -> Text2SemanticModel:
         """The CPU speed path: int8 transformer linears and a bf16 KV cache; embeddings, norms and the head stay fp32.
 
-        Where the fused CPU step runs (:mod:`engines.gpt_sovits.cpu_step`), the weights become int8 per output
-        channel with an fp32 scale (symmetric, 127 levels; ``weight_scale`` beside each ``weight``) and activations
-        stay fp32: weight-only, the weights' rounding is the only one. Without it (no C compiler), torch's dynamic
-        int8 (fbgemm: activations quantised per step too) runs the TorchScript loop. Greedy tokens can differ from
-        fp32 where the top-2 logit gap is small (tests/engines/test_int8_proof.py bounds how much). Call
-        :meth:`setup_caches` afterwards.
+        ``weight_only`` (what the engine plan's ``int8-weight-only`` asks, for the fused CPU step): the weights
+        become int8 per output channel with an fp32 scale (symmetric, 127 levels; ``weight_scale`` beside each
+        ``weight``) and activations stay fp32, so the weights' rounding is the only one; the layer loop reads them
+        dequantised. Else (``int8-dynamic``, where the fused step cannot run) torch's dynamic int8 (fbgemm:
+        activations quantised per step too) runs the TorchScript loop. Greedy tokens can differ from fp32 where the
+        top-2 logit gap is small (tests/engines/test_int8_proof.py bounds how much). Call :meth:`setup_caches`
+        afterwards.
         """
         if self.pe.device.type != "cpu":
             raise ValueError("int8 quantisation is a CPU path; move the model to CPU first.")
-        if self.use_fused and cpu_step.load_library() is not None:
+        if weight_only:
             for blk in self.h.blocks:
                 for lin in (blk.self_attn.in_proj, blk.self_attn.out_proj, blk.linear1, blk.linear2):
                     w = lin.weight.detach().float()
@@ -294,7 +295,6 @@ class Text2SemanticModel(nn.Module):
                     lin.register_buffer("weight_scale", scale)
                     lin.prefill_packed = _pack_for_prefill(lin.weight, scale, lin.bias)
         else:
-            log.info("int8 without the fused CPU step (%s): torch's dynamic int8", cpu_step.unavailable_reason())
             self.h = dynamic_int8(self.h)  # (a copy of the stack with its linears swapped: still a _Stack)
         self.quantized = True
         self.cache_dtype = torch.bfloat16
@@ -316,7 +316,6 @@ class Text2SemanticModel(nn.Module):
         Reallocates only when a larger size is asked for; contents are not preserved then.
         """
         if self.kv and max_slots <= self.max_slots and max_len <= self.max_len:
-            self._choose_step()  # use_fused may have changed
             return
         max_slots, max_len = max(max_slots, self.max_slots), max(max_len, self.max_len)
         cfg, dev = self.config, self.pe.device
@@ -340,14 +339,23 @@ class Text2SemanticModel(nn.Module):
         log.debug("GPT KV cache: %d slots x %d positions (%s, %s step)", max_slots, max_len, self.cache_dtype,
                   "fused" if self._fused is not None else "TorchScript")
 
+    def use_fused_step(self, lib: Any) -> Text2SemanticModel:
+        """Decode with the fused CPU step built as ``lib`` (:func:`cpu_step.load_library`), or with the layer loop
+        (None). The engine plan decides which; the model never loads the library itself."""
+        self.fused_lib = lib
+        if self.kv:
+            self._choose_step()
+        return self
+
     def _choose_step(self) -> None:
-        """The fused step where it runs, else the layer loop's parameter lists."""
+        """The fused step over the current cache when the model has one, else the layer loop's parameter lists."""
         self._fused = self._fused_step()
         self._weights, self._packed = self._collect_layer_params() if self._fused is None else ([], [])
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Text2SemanticModel:
         """A copy with its own cache; its fused step is made anew over that cache (C pointers are not copied)."""
         fused, self._fused = self._fused, None
+        memo[id(self.fused_lib)] = self.fused_lib  # the loaded library is shared, never copied
         try:
             state = copy.deepcopy(self.__dict__, memo)
         finally:
@@ -358,15 +366,15 @@ class Text2SemanticModel(nn.Module):
         return new
 
     def _fused_step(self, lib: Any = None) -> cpu_step.FusedStep | None:
-        """The fused CPU step over the current cache, where it can run (CPU, fp32 or int8 weights, the library;
-        ``lib``: another build of it, for tests)."""
-        if (not self.use_fused or self.pe.device.type != "cpu" or self.compute_dtype != torch.float32
-                or (self.quantized and not self.int8_weights)):
-            return None
-        lib = lib or cpu_step.load_library()
+        """The fused CPU step over the current cache, with :attr:`fused_lib` (``lib``: another build of it, for
+        tests); None where the model has none. It reads fp32 or weight-only int8 weights on a CPU only."""
+        lib = lib or self.fused_lib
         if lib is None:
-            log.info("the GPT decodes with the TorchScript step: %s", cpu_step.unavailable_reason())
             return None
+        if (self.pe.device.type != "cpu" or self.compute_dtype != torch.float32
+                or (self.quantized and not self.int8_weights)):
+            raise ValueError("the fused CPU step reads fp32 or weight-only int8 weights on a CPU; the engine plan "
+                             "gives it no other model")
         layers: list[cpu_step.LayerParams] = []
         for blk in self.h.blocks:
             lins = (blk.self_attn.in_proj, blk.self_attn.out_proj, blk.linear1, blk.linear2)
@@ -415,15 +423,14 @@ class Text2SemanticModel(nn.Module):
         """Layer norm with fp32 statistics."""
         return F.layer_norm(x.float(), ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
-    @staticmethod
-    def _linear(lin: nn.Linear | nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def _linear(self, lin: nn.Linear | nn.Module, x: torch.Tensor) -> torch.Tensor:
         """``lin(x)`` for the prefill's ``x [1, S, in]``. The fused step's int8 weights: fbgemm's dynamic int8 GEMM
         for the rows (activations rounded per call), except the last row, weight-only as the decode steps compute:
         it alone makes the first token's logits, which dynamic int8 moved by up to 0.2 on the golden data; so made
         (by the fused step's own product), the logits stay within 0.107 of upstream's (0.088 with every row weight-only; tests/engines/test_int8_proof.py
         bounds them at 0.15). It halves the prefill's time (see FINDINGS.md#prefill-int8-gemm)."""
         packed = getattr(lin, "prefill_packed", None)
-        lib = cpu_step.load_library() if packed is not None else None
+        lib = self.fused_lib if packed is not None else None
         if packed is None or lib is None:
             return Text2SemanticModel._weight_only(lin, x)
         # the last row by the step's own int8 product (reads the int8 weight once; converting it to fp32 for F.linear

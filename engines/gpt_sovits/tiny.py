@@ -35,6 +35,7 @@ from typing import Any, Callable, cast
 import torch
 
 from engines.base import BERT_DIM, EOS_TOKEN
+from engines.gpt_sovits.family import DIT_FAMILIES
 from engines.gpt_sovits.sovits import CODEBOOK_SIZE, SSL_DIM, SovitsConfig, SoVITSDecoder
 from engines.gpt_sovits.sv import ERes2NetV2
 
@@ -51,7 +52,6 @@ MODEL_SET_LAYOUT = {
 }
 SV_LAYOUT = "sv/pretrained_eres2netv2w24s4ep4.ckpt"  # the SV model of a v2Pro/v2ProPlus set
 FAMILIES = ("v2", "v2Pro", "v2ProPlus", "v3", "v4", "v5dev", "v5turbo")
-DIT_FAMILIES = ("v3", "v4", "v5dev", "v5turbo")  # written by engines.gpt_sovits.tiny_dit
 # What v2Pro/v2ProPlus change in the SoVITS config (upstream configs/s2v2Pro.json, s2v2ProPlus.json): gin 1024 at the
 # real size (tiny keeps its gin), upsample_initial_channel (x1.5 in v2ProPlus) and the first upsample kernel 16 -> 20.
 V2PRO_GIN = {"tiny": 128, "real": 1024}

@@ -244,3 +244,44 @@ def _bigvgan_state_dict(config: dict[str, Any], gen: torch.Generator) -> dict[st
     BigVGAN.from_checkpoint(BigVGANCheckpoint(config, out))  # the layout loads back
     return out
 
+
+
+LORA_TAGS = {"v3": b"03", "v4": b"04"}  # upstream's tags for its LoRA trainer's files
+_LORA_TARGETS = (".attn.to_q.weight", ".attn.to_k.weight", ".attn.to_v.weight", ".attn.to_out.0.weight")
+
+
+def write_dit_lora(path: Path, family: str, size: str, seed: int, rank: int,
+                   atomic: Callable[[Path, Callable[[str], None]], None]) -> Path:
+    """A seeded LoRA fine-tune of ``family``'s SoVITS (the one :func:`write_dit_family` writes with ``seed``), saved as
+    upstream's LoRA trainer saves it: the ``03``/``04`` tag, ``lora_rank``, fp16, the DiT attention's LoRA pairs and
+    ``cfm``'s rotary table under peft's names (``cfm.base_model.model.<name>``, ``lora_A.default``/``lora_B.default``),
+    every weight outside ``cfm`` under its own name (shifted a little, as training moves them), the frozen DiT not at
+    all. The file needs its base model to load (:mod:`engines.gpt_sovits.dit_lora`)."""
+    if family not in LORA_TAGS:
+        raise ValueError(f"LoRA files exist for v3 and v4 only, got {family!r}")
+    gen = torch.Generator().manual_seed(seed + 11)
+    weight: dict[str, torch.Tensor] = {}
+    for name, value in sovits_state_dict(family, size, seed).items():
+        peft_name = "cfm.base_model.model." + name[len("cfm."):]
+        if name.endswith(_LORA_TARGETS):
+            stem = peft_name[: -len(".weight")]
+            out_features, in_features = value.shape
+            weight[stem + ".lora_A.default.weight"] = torch.randn(rank, in_features, generator=gen) / in_features ** 0.5
+            weight[stem + ".lora_B.default.weight"] = 0.2 * torch.randn(out_features, rank, generator=gen) / rank ** 0.5
+        elif name.endswith(".inv_freq"):
+            weight[peft_name] = value  # a buffer: saved whether trained or not
+        elif not name.startswith("cfm.") and value.dim() >= 2:  # the matrices move by about 1 %
+            weight[name] = value.float() + 0.01 * value.float().abs().mean() * torch.randn(value.shape, generator=gen)
+        elif not name.startswith("cfm."):
+            weight[name] = value
+    ckpt = {"weight": {k: v.half() for k, v in weight.items()}, "config": sovits_config(family, size),
+            "info": "1epoch_1iteration", "lora_rank": rank}
+    buf = io.BytesIO()
+    torch.save(ckpt, buf)
+    data = LORA_TAGS[family] + buf.getvalue()[2:]
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_bytes(data)
+
+    atomic(path, write)
+    return path

@@ -28,9 +28,9 @@ nothing above it changes.
 The modules, none importing another in a circle: ``options`` (config ``ray:``, no Ray, no pipeline: the config loads
 it), ``stores`` (what replicas and the storage actor share), ``storage`` (the actor of ``ray.storage: served`` and
 the replicas' stand-ins for it), ``replica``, ``client``. Ray is imported only in the last three, and only when a
-cluster is used: ``pip install 'voicebot[cluster]'``. The ``synthesis`` package exports what callers need
-(``RemoteSynthesizer``, ``ClusterOptions``, ``connect_cluster``); this face exports nothing itself, so that importing
-the options loads nothing else.
+cluster is used: ``pip install 'voicebot[cluster]'``. The ``synthesis`` face exports ``connect_cluster``; callers
+import ``RemoteSynthesizer`` and ``ClusterOptions`` from their modules. This face exports nothing itself, so that
+importing the options loads nothing else.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Mapping, Sequen
 
 import numpy as np
 
-from engines import SAMPLE_RATE, EngineError, SpeechError
+from engines import EngineError, SpeechError
+from engines.base import SAMPLE_RATE
 from synthesis.admission import Admission, AdmittedStream
 from synthesis.cache import SynthesisCache
 from synthesis.cluster.options import ClusterOptions

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from engines import BERT_DIM
+from engines.base import BERT_DIM
 from synthesis.types import LANGUAGES
 
 from . import cantonese, chinese, english, japanese, korean

@@ -140,7 +140,7 @@ def test_natural_pace_ends_each_gpt_run_after_its_tokens_per_phone() -> None:
     import numpy as np
 
     from benchmarks.gpt import natural_pace
-    from engines import SamplingParams, SemanticRequest, VoicePrompt
+    from engines.base import SamplingParams, SemanticRequest, VoicePrompt
 
     class Batch:
         def __init__(self) -> None:

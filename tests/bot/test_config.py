@@ -192,7 +192,8 @@ def test_log_level_is_accepted_in_any_case() -> None:
 
 def test_defaults_are_the_objects_own() -> None:
     """The synthesis and voices sections default to what SynthesisParams and Limits default to (written once)."""
-    from synthesis import Limits, SynthesisParams
+    from synthesis import SynthesisParams
+    from synthesis.types import Limits
 
     cfg = config_from_dict({})
     assert cfg.synthesis.params == SynthesisParams()

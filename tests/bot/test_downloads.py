@@ -498,7 +498,7 @@ def test_models_download_notes_what_it_could_not_fetch_and_succeeds(frontend, tm
 
 @pytest.fixture
 def front_end_reset():
-    from synthesis import configure_frontend
+    from synthesis.text import configure_frontend
 
     yield
     configure_frontend(None, None)  # as a process that never configured it

@@ -64,8 +64,8 @@ async def test_tts_get_every_parameter_reaches_the_synthesizer(server: Server, s
     assert call.text == THREE and call.voice is server.voices["bob"]
     assert call.params == SynthesisParams(language="en", top_k=7, top_p=0.8, temperature=0.7,
                                           repetition_penalty=1.2, speed=1.25, noise_scale=0.3, seed=1234,
-                                          split_method="cut1", fragment_interval=0.15,
-                                          aux_voices=(server.voices["alice"].id,))
+                                          split_method="cut1", fragment_interval=0.15, steps=16,
+                                          aux_voices=(server.voices["alice"].id,))  # steps: sample_steps
 
 
 async def test_tts_post_json_types_and_defaults(server: Server, session) -> None:

@@ -16,7 +16,7 @@ from bot.http import start_server
 from bot.pronunciations import PronunciationFile, Pronunciations
 from bot.store import Store, StoreError
 from bot.voice_service import VoiceService
-from synthesis import Lexicon, LexiconError
+from synthesis.text import Lexicon, LexiconError
 from tests.bot.test_http_fakes import VOICE_FREQS, FakeSynth
 from tests.fake_voices import FakeVoices, make_voice
 

@@ -19,7 +19,8 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="ray[serve] is not installed: pip install 'voicebot[cluster]'")
 
-from synthesis import BusyError, SynthesisParams  # noqa: E402
+from synthesis import SynthesisParams  # noqa: E402
+from synthesis.types import BusyError  # noqa: E402
 from tests.audio_samples import speech_like_wav  # noqa: E402
 from tests.cluster.apps import cluster_config  # noqa: E402
 

@@ -9,7 +9,8 @@ import pytest
 
 from bot.config import ConfigError, config_from_dict
 from bot.services import build_synthesizer
-from synthesis import ClusterOptions, SpeechError, Synthesizer
+from synthesis import SpeechError, Synthesizer
+from synthesis.cluster.options import ClusterOptions
 
 
 def test_ray_backend_without_ray_installed_says_how_to_install_it(tiny_config, monkeypatch):

@@ -23,7 +23,9 @@ import pytest
 pytest.importorskip("ray.serve", reason="ray[serve] is not installed: pip install 'voicebot[cluster]'")
 
 from bot.services import build_synthesizer  # noqa: E402
-from synthesis import BusyError, EngineError, SynthesisParams, VoiceNotFound  # noqa: E402
+from engines import EngineError  # noqa: E402
+from synthesis import SynthesisParams  # noqa: E402
+from synthesis.types import BusyError, VoiceNotFound  # noqa: E402
 from tests.audio_samples import speech_like_wav  # noqa: E402
 from tests.cluster.apps import cluster_config  # noqa: E402
 
@@ -267,7 +269,7 @@ async def test_the_http_api_speaks_through_the_replicas_unchanged(config, remote
 
     from bot.http import start_server
     from bot.services import Services, default_params
-    from synthesis import to_pcm16
+    from synthesis.types import to_pcm16
 
     cfg = dataclasses.replace(config, http=dataclasses.replace(
         config.http, token_env="VOICEBOT_TEST_CLUSTER_NO_TOKEN", rate_limit_per_min=0))

@@ -26,8 +26,7 @@ from discord.webhook import async_ as webhook_async
 import discord
 from bot.config import config_from_dict
 from engines.base import SAMPLE_RATE
-from synthesis import VoiceNotFound
-from synthesis.types import AudioChunk, Voice, VoiceStyle
+from synthesis.types import AudioChunk, Voice, VoiceNotFound, VoiceStyle
 from tests.fake_voices import FakeVoices
 
 APP_ID = 100000000000000900
@@ -228,6 +227,8 @@ class FakeVoicing:
 
 class FakeSynthesizer:
     """Streams a sine per voice (frequency from the voice id); its ``voicing`` records create/delete/precompute."""
+
+    busy = False  # (never refuses: the cogs' tests are not about admission)
 
     def __init__(self) -> None:
         self.voices = FakeVoices()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 
 import discord
 
+import bot.autoread
 from bot.speaker import NotInVoice
 from tests.cogs.conftest import (
     ADMIN, ALICE, AUTOREAD_ID, BOB, BOT_ID, GUILD_ID, OTHER_BOT_ID, TEXT_ID, VOICE_ID,
@@ -94,8 +94,7 @@ async def test_autoread_voice_chat(harness):
 
 
 async def test_following_a_bot_that_streams_by_editing(harness, monkeypatch):
-    # load_extension gives the cog a fresh module object: patch the one it runs in
-    monkeypatch.setattr(sys.modules["cogs.speech"], "EDIT_SETTLE_S", 0.1)
+    monkeypatch.setattr(bot.autoread, "EDIT_SETTLE_S", 0.1)
     h = harness
     cog = h.bot.get_cog("SpeechCog")
     store, speech = h.services.store, h.services.speech

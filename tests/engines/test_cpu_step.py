@@ -8,7 +8,6 @@ and its int8 is proven in test_int8_proof.py.
 from __future__ import annotations
 
 import copy
-import logging
 import os
 
 import pytest
@@ -25,7 +24,7 @@ if cpu_step.load_library() is None:
 
 @pytest.fixture(scope="module")
 def gpt() -> Text2SemanticModel:
-    return build_random_gpt("tiny", seed=3)
+    return build_random_gpt("tiny", seed=3).use_fused_step(cpu_step.load_library())
 
 
 def _decode(model: Text2SemanticModel, lib=None, steps: int = 5, fused: bool = True) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -104,15 +103,17 @@ def test_a_failing_compiler_is_an_os_error_with_its_message(tmp_path) -> None:
     assert not list((tmp_path / "k").glob("*"))  # no half-written library left
 
 
-def test_without_a_compiler_the_model_decodes_with_torchscript(gpt: Text2SemanticModel, monkeypatch, caplog) -> None:
-    """No compiler (or VOICEBOT_FUSED_STEP=0): the log says why and how to fix it, and decoding still works, with
-    the same logits."""
+def test_without_a_compiler_the_model_decodes_with_torchscript(gpt: Text2SemanticModel, monkeypatch) -> None:
+    """No compiler: the plan says why and how to fix it, and the model without the fused step decodes the same
+    logits with TorchScript."""
+    from engines.plan import Settings, plan_engine, probe_machine
+
     fused = _decode(copy.deepcopy(gpt))
     monkeypatch.setattr(cpu_step, "load_library", lambda: None)
     monkeypatch.setattr(cpu_step, "_reason", "no C compiler found (install gcc: apt-get install gcc)")
-    with caplog.at_level(logging.INFO, logger="engines.gpt_sovits.gpt"):
-        plain = _decode(copy.deepcopy(gpt), fused=False)
-    assert "TorchScript step: no C compiler found (install gcc" in caplog.text
+    plan = plan_engine(Settings(backend="torch", device="cpu"), probe_machine())
+    assert plan.gpt_runner == "torch" and "no C compiler found (install gcc" in plan.describe()
+    plain = _decode(copy.deepcopy(gpt).use_fused_step(None), fused=False)
     torch.testing.assert_close(plain, fused, atol=1e-5, rtol=0)
 
 

@@ -214,11 +214,13 @@ def test_fused_step_equals_scripted_and_python_loops(model, inputs, precision: s
     kv = _kv_len(start + 7)
 
     def run(m: Text2SemanticModel, fused: bool) -> torch.Tensor:
-        m.use_fused = fused
+        lib = cpu_step.load_library()
+        m.use_fused_step(lib)  # the same prefill for all three (int8: its last row by the library's product)
         with torch.inference_mode():
             m.setup_caches(2, kv)
-            assert (m._fused is not None) == fused
             m.prefill(1, torch.as_tensor(ph), torch.as_tensor(bert), torch.as_tensor(prompt))
+            m.use_fused_step(lib if fused else None)
+            assert (m._fused is not None) == fused
             steps = [m.decode_step(torch.tensor([0, 7 + i]), torch.tensor([0, start + i]), None, kv)
                      for i in range(6)]
             steps.append(m.decode_step(torch.tensor([3]), torch.tensor([start + 6]), torch.tensor([1]), kv))

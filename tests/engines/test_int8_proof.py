@@ -80,10 +80,10 @@ def int8_gpt(request: pytest.FixtureRequest, golden: Golden, golden_onnx_dir: Pa
         if fused and cpu_step.load_library() is None:
             pytest.skip(f"the fused CPU step cannot be built here: {cpu_step.unavailable_reason()}")
         int8 = Text2SemanticModel.from_checkpoint(golden.gpt_checkpoint)
-        int8.use_fused = fused
         with warnings.catch_warnings():  # torch marks eager quantisation deprecated
             warnings.simplefilter("ignore")
-            int8.quantize_int8()
+            int8.quantize_int8(weight_only=fused)
+        int8.use_fused_step(cpu_step.load_library() if fused else None)
         assert int8.int8_weights == fused
         return Int8Gpt(request.param, lambda: int8, exact_prefill=False)
     from engines.onnx_engine import OnnxEngine

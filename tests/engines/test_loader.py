@@ -28,7 +28,7 @@ def test_precision_the_device_cannot_run(precision: str, device: str, message: s
 
 
 @pytest.mark.parametrize(("backend", "device", "precision", "trt", "expected"), [
-    ("auto", "cpu", "fp32", True, "onnx"),  # measured fastest on CPUs (engines.loader.CPU_AUTO_BACKEND)
+    ("auto", "cpu", "fp32", True, "onnx"),  # measured fastest on CPUs (engines.plan.CPU_AUTO_BACKEND)
     ("auto", "cpu", "int8", False, "onnx"),
     ("auto", "cuda:0", "fp16", True, "tensorrt"),
     ("auto", "cuda:0", "fp16", False, "torch"),

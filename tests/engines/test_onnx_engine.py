@@ -247,10 +247,11 @@ def test_int8_step_graph_is_quantised_with_7_bit_weights(models, onnx_dir: Path)
 
 def test_build_engines_exports_checks_and_explains_missing_tensorrt(engine, models, onnx_dir: Path,
                                                                     tmp_path: Path) -> None:
+    from bot.config import EngineConfig
     from engines.build import build_engines
 
-    cfg = SimpleNamespace(backend="onnx", device="cpu", precision="fp32", max_batch=4, onnx_dir=onnx_dir,
-                          tensorrt_dir=tmp_path / "trt", tensorrt_workspace_mb=1024)
+    cfg = EngineConfig(backend="onnx", device="cpu", precision="fp32", max_batch=4, onnx_dir=onnx_dir,
+                       tensorrt_dir=tmp_path / "trt", tensorrt_workspace_mb=1024)
     produced = build_engines(cfg, models, backend="onnx")
     assert set(produced) == set(GRAPHS) and all(p.is_file() for p in produced.values())
     try:

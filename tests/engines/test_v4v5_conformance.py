@@ -53,7 +53,7 @@ def family(request: pytest.FixtureRequest, golden: GoldenV4V5) -> str:
 
 @pytest.fixture(scope="module")
 def decoder(golden: GoldenV4V5, family: str) -> DiffusionDecoder:
-    return DiffusionDecoder.load(golden.sovits_file(family), golden.vocoder_path(family))
+    return DiffusionDecoder.load(golden.sovits_file(family), golden.vocoder_path(family), path="fp32")
 
 
 @pytest.fixture(scope="module")

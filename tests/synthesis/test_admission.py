@@ -10,7 +10,7 @@ from typing import AsyncGenerator, Callable
 import numpy as np
 import pytest
 
-from synthesis import AudioChunk, BusyError
+from synthesis.types import AudioChunk, BusyError
 from synthesis.admission import Admission
 
 

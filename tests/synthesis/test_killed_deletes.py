@@ -15,7 +15,7 @@ import pytest
 
 from bot import __main__ as cli
 from bot.services import open_stores
-from synthesis import VoiceNotFound
+from synthesis.types import VoiceNotFound
 from synthesis import voices as voices_mod
 from synthesis.cache import SynthesisCache
 from synthesis.voices import TRASH_PREFIX, VoiceStore

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from engines import BERT_DIM
+from engines.base import BERT_DIM
 from synthesis.cache import SynthesisCache
 from synthesis.text import Lexicon, LexiconError, bert_features, make_entry, text_to_phonemes
 from synthesis.text.explain import explain_text

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bot.services import build_synthesizer
-from engines import FRAME_SAMPLES, token_sample
+from engines.base import FRAME_SAMPLES, token_sample
 from synthesis.stages import CROSSFADE_SAMPLES, EARLY_HOLDBACK_TOKENS, EARLY_MAX_SPEED, Spoken, at_speed
 from synthesis.text import text_to_phonemes
 from synthesis.types import BusyError, SynthesisParams

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from synthesis import SynthesisParams, VoiceNotFound
+from synthesis import SynthesisParams
+from synthesis.types import VoiceNotFound
 
 
 def _spy(store: Any, name: str, seen: list[tuple[str, bool]]) -> None:

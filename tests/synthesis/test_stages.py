@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from engines import FRAME_SAMPLES, token_sample
+from engines.base import FRAME_SAMPLES, token_sample
 from synthesis.audio import FADE_S, fade_edges
 from synthesis.scheduler import Deadline
 from synthesis.stages import (CROSSFADE_SAMPLES, EARLY_CONTEXT_TOKENS, EARLY_HOLDBACK_TOKENS, EarlyAudio,

@@ -8,10 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from synthesis import LANGUAGES, SpeechError, SynthesisParams
+from synthesis import SpeechError, SynthesisParams
 from synthesis.text import TextError, check_speakable, speakable_languages
 from synthesis.text import cantonese, korean, text_to_phonemes
 from synthesis.text.packages import missing as _missing
+from synthesis.types import LANGUAGES
 
 _HIDDEN = {"mecab", "ToJyutping"}  # MeCab-ko (Korean) and ToJyutping (Cantonese) as if not installed
 
