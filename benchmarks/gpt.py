@@ -525,7 +525,8 @@ def _build(engine: str, precision: str, models: dict[str, str], tmp: str, device
                                                  gpt="graph" if engine == "graph" else "auto",
                                                  vocoder="fp32" if engine == VOC32 else "auto")
     return instruments.TorchEngine.from_files(paths, device=device, precision=precision, max_batch=batch,
-                                  cuda_graphs=engine == "torch", threads=threads)
+                                              cuda_graphs=engine == "torch", threads=threads,
+                                              proofs=Path(tmp) / "onnx" / "torch")  # int8 proven once per run
 
 
 def _bench_engine(engine: str, precision: str, models: dict[str, str], tmp: str, size: str, batch: int,

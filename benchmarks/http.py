@@ -184,12 +184,15 @@ async def _measure(synth: Synthesizer, client: _Client, voice: Voice, params: Sy
                    repeat: int) -> list[HttpRow]:
     """Per protocol, ``repeat`` cold then ``repeat`` warm requests; each row holds the medians."""
     rows: list[HttpRow] = []
+    storage = synth.voices.cache  # (the voice store's: build_local_synthesizer gives it the caches)
+    assert storage is not None
     for name, door in _doors(TEXT):
         for run in ("cold", "warm"):
             timings: list[Timing] = []
             before = dict(synth.counters)
             for _ in range(repeat):
-                await asyncio.to_thread(synth.cache.invalidate_voice, voice.id)
+                await synth.cache.drain()  # the request before's writes first: none lands after the removal
+                await asyncio.to_thread(storage.invalidate_voice, voice.id)
                 if run == "warm":  # the prosody is cached, the audio is not: the GPT is skipped, SoVITS runs
                     await synth.voicing.precompute(voice, [TEXT], params=params)
                 timings.append(await door(client, voice))

@@ -463,50 +463,41 @@ def _voices_add(config: Any, args: argparse.Namespace) -> int:
     _check_language(args.lang, "--lang")
     clip = _read_clip(config, args.clip)
     extras = [(_read_clip(config, path), path.name) for path in args.extra]
-    if (missing := _check_models(config)) is not None:
-        print(missing, file=sys.stderr)
-        return 2
 
-    async def go() -> int:
+    async def go(synth: SpeechBackend) -> int:
         from tqdm import tqdm
 
-        from bot.services import build_synthesizer
+        with tqdm(total=100, desc="preparing voice", unit="%") as bar:
+            def progress(stage: str, frac: float) -> None:
+                bar.set_postfix_str(stage)
+                bar.update(int(frac * 100) - bar.n)
 
-        synth = build_synthesizer(config)
-        try:
-            with tqdm(total=100, desc="preparing voice", unit="%") as bar:
-                def progress(stage: str, frac: float) -> None:
-                    bar.set_postfix_str(stage)
-                    bar.update(int(frac * 100) - bar.n)
+            voice, warnings = await synth.voicing.create(
+                args.name, clip, args.clip.name, transcript=args.text, language=args.lang,
+                consent=_OPERATOR_CONSENT,
+                progress=progress)
+        if extras:
+            try:
+                voice, more = await synth.voicing.add_clips(voice, extras, consent=_OPERATOR_CONSENT)
+            except BaseException:
+                await synth.voicing.delete(voice.id)  # a voice without the clips asked for is not kept
+                raise
+            warnings = [*warnings, *more]
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        text = "with its transcript" if voice.prompt_text else "reference-free (no transcript)"
+        if extras:
+            text += f", and {len(extras)} extra clip(s) averaged into its timbre"
+        print(f"voice {voice.name!r} created (id {voice.id}) from {_kept_seconds(synth.voices.meta(voice.id))}, "
+              f"{text}")
+        if args.text and not voice.prompt_text:  # the clip had speech outside the kept seconds (the warning)
+            print(f"to keep a transcript: cut {args.clip.name} to the seconds it uses, run `python -m bot voices "
+                  f"delete {voice.name}`, then add it again with --text \"the words said in them\"", file=sys.stderr)
+        if config.phrases:
+            await _precompute_with_bar(synth, voice, config.phrases)
+        return 0
 
-                voice, warnings = await synth.voicing.create(
-                    args.name, clip, args.clip.name, transcript=args.text, language=args.lang,
-                    consent=_OPERATOR_CONSENT,
-                    progress=progress)
-            if extras:
-                try:
-                    voice, more = await synth.voicing.add_clips(voice, extras, consent=_OPERATOR_CONSENT)
-                except BaseException:
-                    await synth.voicing.delete(voice.id)  # a voice without the clips asked for is not kept
-                    raise
-                warnings = [*warnings, *more]
-            for w in warnings:
-                print(f"warning: {w}", file=sys.stderr)
-            text = "with its transcript" if voice.prompt_text else "reference-free (no transcript)"
-            if extras:
-                text += f", and {len(extras)} extra clip(s) averaged into its timbre"
-            print(f"voice {voice.name!r} created (id {voice.id}) from {_kept_seconds(synth.voices.meta(voice.id))}, "
-                  f"{text}")
-            if args.text and not voice.prompt_text:  # the clip had speech outside the kept seconds (the warning)
-                print(f"to keep a transcript: cut {args.clip.name} to the seconds it uses, run `python -m bot voices "
-                      f"delete {voice.name}`, then add it again with --text \"the words said in them\"", file=sys.stderr)
-            if config.phrases:
-                await _precompute_with_bar(synth, voice, config.phrases)
-            return 0
-        finally:
-            await synth.close()
-
-    return asyncio.run(go())
+    return _with_model(config, go)
 
 
 async def _precompute_with_bar(synth: SpeechBackend, voice: Voice, phrases: Sequence[str]) -> None:
@@ -547,6 +538,22 @@ def _voices_remove_style(config: Any, args: argparse.Namespace) -> int:
 def _with_voice(config: Any, name: str, change: Callable[[SpeechBackend, Voice], Awaitable[tuple[Voice, list[str]]]],
                 done: str) -> int:
     """Run ``change(synth, voice)`` (-> (voice, warnings)) on a stored voice with the loaded model; say what it did."""
+
+    async def go(synth: SpeechBackend) -> int:
+        voice = synth.voices.lookup(name)
+        voice, warnings = await change(synth, voice)
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        print(f"{done} voice {voice.name!r} (now version {voice.version})")
+        if config.phrases:  # a new version: its phrases are precomputed again
+            await _precompute_with_bar(synth, voice, config.phrases)
+        return 0
+
+    return _with_model(config, go)
+
+
+def _with_model(config: Any, body: Callable[[SpeechBackend], Awaitable[int]]) -> int:
+    """``body(synth)`` with the model loaded (after checking its files are there), the synthesizer closed after."""
     if (missing := _check_models(config)) is not None:
         print(missing, file=sys.stderr)
         return 2
@@ -556,14 +563,7 @@ def _with_voice(config: Any, name: str, change: Callable[[SpeechBackend, Voice],
 
         synth = build_synthesizer(config)
         try:
-            voice = synth.voices.lookup(name)
-            voice, warnings = await change(synth, voice)
-            for w in warnings:
-                print(f"warning: {w}", file=sys.stderr)
-            print(f"{done} voice {voice.name!r} (now version {voice.version})")
-            if config.phrases:  # a new version: its phrases are precomputed again
-                await _precompute_with_bar(synth, voice, config.phrases)
-            return 0
+            return await body(synth)
         finally:
             await synth.close()
 
@@ -634,23 +634,18 @@ async def _delete_voice(config: Any, voices: Any, voice_id: str) -> int:
 
 
 def _phrases_precompute(config: Any, args: argparse.Namespace) -> int:
-    async def go() -> int:
-        from bot.services import build_synthesizer
+    async def go(synth: SpeechBackend) -> int:
         from bot.voice_service import VoiceService
 
-        synth = build_synthesizer(config)
-        try:
-            service = VoiceService(None, synth)  # reads only: no database in this command
-            voices = [await service.find(args.voice)] if args.voice else await service.list()
-            if not voices:
-                print("no voices to precompute for")
-            for voice in voices:
-                await _precompute_with_bar(synth, voice, config.phrases)
-            return 0
-        finally:
-            await synth.close()
+        service = VoiceService(None, synth)  # reads only: no database in this command
+        voices = [await service.find(args.voice)] if args.voice else await service.list()
+        if not voices:
+            print("no voices to precompute for")
+        for voice in voices:
+            await _precompute_with_bar(synth, voice, config.phrases)
+        return 0
 
-    return asyncio.run(go())
+    return _with_model(config, go)
 
 
 def _engines_build(config: Any, args: argparse.Namespace) -> int:

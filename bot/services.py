@@ -15,6 +15,7 @@ from bot.voice_service import VoiceService
 from engines import load_engine
 from synthesis import SpeechBackend, SynthesisParams, Synthesizer, connect_cluster
 from synthesis.cache import SynthesisCache
+from synthesis.cache_lane import CacheLane, SpeechCache
 from synthesis.scheduler import DeviceWorker
 from synthesis.text import configure_frontend
 from synthesis.voices import VoiceStore
@@ -87,12 +88,15 @@ def open_stores(config: Config) -> tuple[VoiceStore, SynthesisCache]:
     return VoiceStore(config.voices.dir, cache=cache), cache
 
 
-def build_local_synthesizer(config: Config, stores: tuple[VoiceStore, SynthesisCache] | None = None) -> Synthesizer:
-    """The engine and its device worker in this process, around ``stores`` (default: :func:`open_stores`; a Ray
-    replica passes its own, see ``synthesis.cluster``)."""
+def build_local_synthesizer(config: Config, stores: tuple[VoiceStore, SpeechCache] | None = None) -> Synthesizer:
+    """The engine and its device worker in this process, around ``stores`` (default: :func:`open_stores`, its caches
+    on a thread of their own; a Ray replica passes its own, see ``synthesis.cluster``)."""
     configure_text_files(config.models)  # here, so that a Ray replica's process configures its own front-end
     engine = load_engine(config.engine, config.models)
-    voices, cache = stores if stores is not None else open_stores(config)
+    if stores is None:
+        voices, storage = open_stores(config)
+        stores = voices, CacheLane(storage)
+    voices, cache = stores
     worker = DeviceWorker(engine)  # its threads own the engine from here on
     return Synthesizer(worker, voices, cache, defaults=config.synthesis.params, limits=config.limits)
 

@@ -106,15 +106,15 @@ class DiffusionEngine:
         if not vocoder.exists():
             raise EngineError(f"the vocoder {vocoder} does not exist: run `python -m bot models download`, or point "
                               "models.vocoder in config.yaml at it")
+        base = getattr(models, "sovits_base", None)  # like models.family, optional in a ModelPaths
         decoder = DiffusionDecoder.load(models.sovits, vocoder, family, plan.device,
                                         DTYPES.get(plan.precision, torch.float32), path=plan.diffusion_path,
                                         threads=plan.threads, cache_dir=cache_dir,
-                                        sovits_base=getattr(models, "sovits_base", None))
+                                        sovits_base=base)
         if family is not None and decoder.family.name != family:
             raise ModelFormatError(f"{models.sovits} is a {decoder.family.name} SoVITS but models.family is {family}; "
                                    f"set models.family: {decoder.family.name} (or auto)")
-        gpt = load_gpt(Path(models.gpt), plan)
-        base = getattr(models, "sovits_base", None)
+        gpt, plan = load_gpt(Path(models.gpt), plan, cache_dir)  # (the plan as it runs: fp32 where int8 missed)
         lora = is_lora_file(models.sovits)
         ident = model_id(models, vocoder_fingerprint(vocoder), f"family:{decoder.family.name}",
                          *([file_fingerprint(base)] if lora and base is not None else []))  # a LoRA is its base too
@@ -135,10 +135,7 @@ class DiffusionEngine:
     # ---- Engine protocol -------------------------------------------------------------------------------------
 
     def load_encoder(self, name: Literal["hubert", "bert"]) -> None:
-        if name == "hubert":
-            self.encoders.hubert()
-        else:
-            self.encoders.bert()
+        self.encoders.load(name)
 
     def encode_speaker(self, refs32k: Sequence[np.ndarray]) -> np.ndarray | None:
         return None  # no speaker-verification features in these families

@@ -7,7 +7,7 @@ import atexit
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -50,6 +50,13 @@ class LazyEncoders:
         self.bert_proof: threading.Thread | None = None  # the proof, running beside the fp32 BERT until it ends
         self._stop_proof = threading.Event()
         self.hubert_model: IdleUnloaded[HubertEncoder] = IdleUnloaded(self._load_hubert, "HuBERT")
+
+    def load(self, name: Literal["hubert", "bert"]) -> None:
+        """Load one encoder now (``Engine.load_encoder``), off the device thread, before a request needs it."""
+        if name == "hubert":
+            self.hubert()
+        else:
+            self.bert()
 
     def hubert(self) -> HubertEncoder:
         """HuBERT, loaded if it is not (unloaded after ``hubert_model.idle_s`` unused: it runs only when a voice is

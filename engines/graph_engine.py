@@ -256,10 +256,7 @@ class GraphEngine:
     # ---- Engine protocol -------------------------------------------------------------------------------------
 
     def load_encoder(self, name: Literal["hubert", "bert"]) -> None:
-        if name == "hubert":
-            self.encoders.hubert()
-        else:
-            self.encoders.bert()
+        self.encoders.load(name)
 
     def reference_mel(self, clip: np.ndarray, rate: int) -> np.ndarray | None:
         return None  # the v2 families have no mel prompt

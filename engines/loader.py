@@ -110,7 +110,7 @@ def build_engine(plan: EnginePlan, dirs: EngineSettings, models: ModelPaths, dif
     if plan.backend == "torch":
         from engines.torch_engine import TorchEngine
 
-        return TorchEngine.from_files(models, plan=plan)
+        return TorchEngine.from_files(models, plan=plan, proofs=Path(dirs.onnx_dir) / "torch")  # beside the others
     if plan.backend == "onnx":
         from engines.onnx_engine import OnnxEngine
 

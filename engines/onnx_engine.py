@@ -6,6 +6,8 @@ fused decode step builds, :mod:`engines.gpt_sovits.cpu_step`) the GPT is the tor
 per step, which beats the step graph (ONNX Runtime spent half of its int8 step outside the matrix products), while
 the vocoder and the reference graphs stay on ONNX Runtime, whose vocoder is the faster one on CPUs. With ``graphs``
 the GPT runs as the exported graphs too (what TensorRT builds from, so the tests verify them through ONNX Runtime).
+Either way an int8 GPT serves once its proof holds on the loaded model (:mod:`engines.gpt_int8_proof`, kept in the
+export folder), else the GPT runs in fp32 and the engine's plan says so.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import torch
 
 from engines.base import EngineError, ModelPaths
 from engines.export import GRAPHS, INT8_STEP, ensure_onnx, load_manifest, quantize_step_int8
-from engines.graph_engine import GraphEngine, graph_model
+from engines.gpt_int8_proof import GptProof, kept_proof, prove_int8_gpt, proven
+from engines.graph_engine import GraphEngine, GraphGpt, graph_model
 from engines.gpt_runner import load_gpt
 from engines.plan import EnginePlan, Settings, plan_engine, probe_machine
 from engines.vocoder_int8 import choose_vocoder
@@ -40,6 +43,7 @@ GPT_GRAPHS = ("gpt_prefill", "gpt_step")
 # the plan's vocoder -> choose_vocoder's request
 _VOCODER_REQUEST = {"ort-fp32": "fp32", "ort-int8-if-proven": "auto", "ort-int8": "int8"}
 _GPT_RUNNERS = {"auto": "auto", "fused": "fused", "graph": "graphs"}  # from_files' gpt keyword -> engine.gpt_runner
+GRAPH_INT8 = "onnx-dynamic"  # the int8 step graph's method in its proof (engines.gpt_int8_proof)
 _NP_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32}
 
 
@@ -83,6 +87,13 @@ class _OrtRunner:
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage",
                                           "cpu:0" if self._ort_device[0] == "cpu" else f"gpu:{self._ort_device[1]}")
 
+    def close(self, graph: str) -> None:
+        """Drop ``graph``'s session and this thread's binding of it (a graph the engine will not run)."""
+        self.sessions.pop(graph, None)
+        bindings: _Bindings | None = getattr(self._local, "bindings", None)
+        if bindings is not None:
+            bindings.pop(graph, None)
+
     def run(self, graph: str, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor], *,
             large: bool = False) -> None:
         bindings: _Bindings | None = getattr(self._local, "bindings", None)
@@ -107,6 +118,22 @@ class _OrtRunner:
         self.sessions[graph].run_with_iobinding(io, self._shrink if large else None)
         if kind == "cuda":
             io.synchronize_outputs()
+
+
+def _proven_step(runner: _OrtRunner, spec: dict[str, Any], gpt_path: Path, folder: Path,
+                 plan: EnginePlan) -> tuple[str, EnginePlan]:
+    """The step graph to run under a plan of the int8 step graph: that graph where its proof holds on this model (kept
+    in ``folder``), else the fp32 one, and the plan as it then runs; the other graph's session is closed."""
+    def prove() -> GptProof:
+        return prove_int8_gpt(GraphGpt(runner, spec, "gpt_step"), GraphGpt(runner, spec, INT8_STEP), GRAPH_INT8)
+
+    proof = proven(gpt_path, GRAPH_INT8, folder, prove)
+    if not proof.passed:
+        runner.close(INT8_STEP)
+        return "gpt_step", plan.gpt_in_fp32(f"the int8 GPT missed its proof on this model ({proof.reason}): the "
+                                            "fp32 step graph runs")
+    runner.close("gpt_step")
+    return INT8_STEP, plan
 
 
 class OnnxEngine(GraphEngine):
@@ -145,14 +172,20 @@ class OnnxEngine(GraphEngine):
         manifest = load_manifest(folder)
         fused = plan.gpt_runner == "fused"
         files = {name: folder / f"{name}.onnx" for name in GRAPHS if not (fused and name in GPT_GRAPHS)}
-        step = "gpt_step"
-        torch_gpt = load_gpt(Path(models.gpt), plan) if fused else None
-        if not fused and plan.gpt_weights == "int8-dynamic":
+        torch_gpt = None
+        if fused:
+            torch_gpt, plan = load_gpt(Path(models.gpt), plan, folder)  # (fp32 where its int8 missed its proof)
+        int8_graph = not fused and plan.gpt_weights == "int8-dynamic"
+        kept = kept_proof(folder, Path(models.gpt), GRAPH_INT8) if int8_graph else None
+        if int8_graph and (kept is None or kept.passed):
             files[INT8_STEP] = quantize_step_int8(folder)
-            del files["gpt_step"]
-            step = INT8_STEP
+            if kept is not None:  # proven before: the fp32 step graph is not needed
+                del files["gpt_step"]
         files["sovits_decode"], vocoder_runs = choose_vocoder(folder, _VOCODER_REQUEST[plan.vocoder])
         runner = _OrtRunner(files, plan.device, plan.threads)
+        step = "gpt_step"
+        if int8_graph:
+            step, plan = _proven_step(runner, manifest["gpt"], Path(models.gpt), folder, plan)
         log.info("onnx engine: graphs from %s (GPT: %s, vocoder %s)", folder, "fused CPU step" if fused else step,
                  vocoder_runs)
         int8_bert = (Path(models.gpt), folder / "bert_int8") if plan.bert == "int8-if-proven" else None

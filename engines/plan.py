@@ -15,7 +15,8 @@ What ``auto`` picks and why (measured with ``python -m bot bench``; figures in F
   The fused step beat every library product tried for the batch-1 step and falls back to one thread by itself when
   another process takes a core. Precision ``int8``: the GPT's linears int8 per output channel, weight-only, with a
   bf16 KV cache (proven along upstream's greedy paths within a logit bound, tests/engines/test_int8_proof.py);
-  the int8 vocoder and the int8 BERT run where their proofs hold on the loaded model, else fp32 (logged).
+  the int8 GPT, vocoder and BERT run where their proofs hold on the loaded model, else fp32 (logged; the engine's
+  plan then says fp32 for what runs in fp32: :meth:`EnginePlan.gpt_in_fp32`).
 - on an NVIDIA GPU: TensorRT for fp16 where it is installed, else torch with CUDA graphs.
 """
 
@@ -129,7 +130,8 @@ class EnginePlan:
     gpt_runner: how the GPT decodes: ``fused`` (the fused C step), ``graphs`` (exported step graphs), ``torch``
         (the torch layer loop, TorchScript on a CPU) or ``cuda-graphs`` (the torch step captured per bucket).
     gpt_weights: ``fp32``, ``fp16``, ``bf16``, ``int8-weight-only`` (per output channel, activations fp32) or
-        ``int8-dynamic`` (activations quantised per step too: torch's fbgemm or the ONNX int8 step graph).
+        ``int8-dynamic`` (activations quantised per step too: torch's fbgemm or the ONNX int8 step graph); an
+        engine's plan says ``fp32`` where the int8 GPT missed its proof on the loaded model.
     kv_dtype: the GPT's KV cache dtype.
     vocoder: ``torch``, ``ort-fp32``, ``ort-int8-if-proven`` (int8 where its proof holds on the loaded model, else
         fp32, logged), ``ort-int8`` (int8 whatever the proof says), ``tensorrt`` (fp16), or for the diffusion
@@ -163,6 +165,12 @@ class EnginePlan:
                 "precision": self.precision, "gpt_runner": self.gpt_runner, "gpt_weights": self.gpt_weights,
                 "kv_dtype": self.kv_dtype, "vocoder": self.vocoder, "bert": self.bert,
                 "diffusion_path": self.diffusion_path, "threads": str(self.threads)}
+
+    def gpt_in_fp32(self, why: str) -> EnginePlan:
+        """This plan with its GPT in fp32 on the same runner (its int8 missed its proof on the loaded model:
+        :mod:`engines.gpt_int8_proof`), so that what the engine reports is what runs; ``why`` joins the notes."""
+        return replace(self, gpt_weights="fp32", kv_dtype=_kv_dtype(self.backend, "fp32", self.gpt_runner),
+                       notes=(*self.notes, why))
 
     def describe(self) -> str:
         """One line for the log."""

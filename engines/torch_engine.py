@@ -65,17 +65,18 @@ class TorchEngine:
     @classmethod
     def from_files(cls, models: ModelPaths, plan: EnginePlan | None = None, *, device: str = "cpu",
                    precision: str = "fp32", max_batch: int = 8, cuda_graphs: bool = True,
-                   threads: int = 0) -> TorchEngine:
+                   threads: int = 0, proofs: Path | None = None) -> TorchEngine:
         """Load the GPT and SoVITS checkpoints (HuBERT, BERT and a v2Pro SoVITS's SV model load on first use).
 
         ``plan``: what to build (:func:`engines.loader.load_engine` passes it); None: planned here from the keywords
-        (tests and benchmarks), with the GPT runner ``auto``.
+        (tests and benchmarks), with the GPT runner ``auto``. ``proofs``: where the int8 GPT's proof is kept
+        (:func:`engines.gpt_runner.load_gpt`; None: proven at every load).
         """
         if plan is None:
             plan = plan_engine(Settings(backend="torch", device=device, precision=precision, threads=threads,
                                         max_batch=max_batch, cuda_graphs=cuda_graphs), probe_machine())
         require_model_files(models)
-        gpt = load_gpt(Path(models.gpt), plan)
+        gpt, plan = load_gpt(Path(models.gpt), plan, proofs)  # (the plan as it runs: fp32 where int8 missed)
         sovits = SoVITSDecoder.from_checkpoint(load_sovits_checkpoint(models.sovits), plan.device,
                                                DTYPES.get(plan.precision, torch.float32))
         more: list[str] = []
@@ -111,10 +112,7 @@ class TorchEngine:
     # ---- Engine protocol -------------------------------------------------------------------------------------
 
     def load_encoder(self, name: Literal["hubert", "bert"]) -> None:
-        if name == "hubert":
-            self.encoders.hubert()
-        else:
-            self.encoders.bert()
+        self.encoders.load(name)
 
     def reference_mel(self, clip: np.ndarray, rate: int) -> np.ndarray | None:
         return None  # the v2 families have no mel prompt

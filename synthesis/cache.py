@@ -62,10 +62,22 @@ class _Store(Protocol):
     def __len__(self) -> int: ...
 
 
+class VoiceCache(Protocol):
+    """What the voice store asks of the caches, synchronously from its own thread: a changed voice's entries removed,
+    a deleted voice's writes refused (:class:`SynthesisCache`, or a Ray replica's stand-in for the storage actor's).
+    The pipeline's stages use :class:`~synthesis.cache_lane.SpeechCache` instead."""
+
+    def invalidate_voice(self, voice_id: str) -> int: ...
+    def retire_voice(self, voice_id: str) -> int: ...
+    def bind_voices(self, voice_exists: Callable[[str], bool]) -> None: ...
+    def is_retired(self, voice_id: str) -> bool: ...
+
+
 class SynthesisCache:
     """Two bounded, persistent caches: prosody (semantic tokens) and audio (waveforms).
 
-    Thread- and process-safe (diskcache uses SQLite transactions).
+    Thread- and process-safe (diskcache uses SQLite transactions). Its calls block (SQLite, files): the voice store
+    makes them from its own thread, the pipeline through a :class:`~synthesis.cache_lane.CacheLane`.
 
     Parameters
     ----------
@@ -155,10 +167,7 @@ class SynthesisCache:
 
     def cacheable(self, sampling: Mapping[str, Any]) -> bool:
         """Whether results for these sampling options may be stored and served (the random-seed policy)."""
-        seed = sampling.get("seed", -1)
-        if isinstance(seed, int) and seed >= 0:  # None, -1 or a marker such as "any" mean random
-            return True
-        return self.reuse_random or int(sampling.get("top_k", 0)) == 1
+        return may_store(sampling, reuse_random=self.reuse_random)
 
     # --- prosody ------------------------------------------------------------------------------------------------
 
@@ -314,6 +323,15 @@ class _Unavailable:
 
     def __len__(self) -> int:
         return 0
+
+
+def may_store(sampling: Mapping[str, Any], *, reuse_random: bool) -> bool:
+    """The random-seed policy (see the module docstring): may results for these sampling options be stored and
+    served, by a cache that keeps one random sample per key (``reuse_random``) or none?"""
+    seed = sampling.get("seed", -1)
+    if isinstance(seed, int) and seed >= 0:  # None, -1 or a marker such as "any" mean random
+        return True
+    return reuse_random or int(sampling.get("top_k", 0)) == 1
 
 
 def normalise_text(text: str) -> str:

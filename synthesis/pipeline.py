@@ -22,7 +22,7 @@ import numpy as np
 from engines import Engine, SpeechError
 from engines.base import DIFFUSION_FAMILIES, SAMPLE_RATE, SamplingParams, SemanticRequest, VoicePrompt
 from synthesis.admission import Admission, AdmittedStream
-from synthesis.cache import SynthesisCache
+from synthesis.cache_lane import SpeechCache
 from synthesis.metrics import PipelineStats
 from synthesis.scheduler import LIVE, Clock, Deadline, DeviceWorker, Playback
 from synthesis.stages import EARLY_MAX_SPEED, EarlyAudio, SampledAudio, SentenceJob, Stages, at_speed, finish
@@ -60,7 +60,7 @@ class Synthesizer:
     ----------
     worker: the device worker that owns the engine (built by the caller, closed by :meth:`close`).
     voices: the voice store.
-    cache: the prosody and audio caches.
+    cache: the prosody and audio caches, as the stages use them (closed by :meth:`close`).
     defaults: per-request options when a call gives none.
     limits: the operational limits.
 
@@ -71,7 +71,7 @@ class Synthesizer:
     stats: counters and recent timings (:mod:`synthesis.metrics`).
     """
 
-    def __init__(self, worker: DeviceWorker, voices: VoiceStore, cache: SynthesisCache, *,
+    def __init__(self, worker: DeviceWorker, voices: VoiceStore, cache: SpeechCache, *,
                  defaults: SynthesisParams | None = None, limits: Limits | None = None) -> None:
         self.worker = worker
         self.voices = voices
@@ -273,7 +273,7 @@ class Synthesizer:
         (after, gpt_done), (before, spoken) = gpt, out
         try:
             await self.stages.phonemize(job)
-            if not self.stages.cached_audio(job):
+            if not await self.stages.cached_audio(job):
                 await self.stages.prosody(job, after=after,
                                           on_tokens=early.feed if isinstance(early, EarlyAudio) else None)
                 gpt_done.set()
@@ -343,7 +343,7 @@ class Synthesizer:
     async def close(self) -> None:
         await self.voicing.stop_precompute()
         await asyncio.to_thread(self.worker.close)
-        self.cache.close()
+        await self.cache.close()  # (after its queued writes)
         self.voices.close()  # (its SQLite connections; a later use opens them again)
 
 

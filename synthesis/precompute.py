@@ -31,9 +31,9 @@ async def precompute_phrases(stages: Stages, voice: Voice, phrases: Sequence[str
         for index, sentence in enumerate(split_sentences(phrase, params.split_method, params.language)):
             job = SentenceJob(sentence, index, voice, params, priority=BACKGROUND, order=order)
             await stages.phonemize(job)
-            if stages.cache.get_tokens(job.prosody_key) is None:
+            if await stages.cache.get_tokens(job.prosody_key) is None:
                 tokens, _ = await stages.semantic(job)
-                stages.cache.put_tokens(job.prosody_key, tokens, voice.id)
+                await stages.cache.put_tokens(job.prosody_key, tokens, voice.id)  # (queued: a lookup sees it)
                 done += 1
         if progress is not None:
             progress("precompute", (i + 1) / len(phrases))

@@ -31,6 +31,7 @@ from engines.base import (DIFFUSION_FAMILIES, FRAME_SAMPLES, SAMPLE_RATE, Sampli
                           check_sampler, token_sample)
 from synthesis.audio import FADE_S, fade_edges, raised_cosine
 from synthesis.cache import SynthesisCache
+from synthesis.cache_lane import SpeechCache
 from synthesis.metrics import PipelineStats
 from synthesis.scheduler import LIVE, Deadline, DeviceWorker
 from synthesis.text import Phonemes, bert_features, normalize_for_cache, text_to_phonemes
@@ -106,11 +107,11 @@ class Stages:
     Parameters
     ----------
     worker: runs every model call (its ``engine`` is the loaded model).
-    cache: the prosody and audio caches.
+    cache: the prosody and audio caches (awaited: no lookup or write runs on the event loop).
     stats: where hits and misses are counted.
     """
 
-    def __init__(self, worker: DeviceWorker, cache: SynthesisCache, stats: PipelineStats) -> None:
+    def __init__(self, worker: DeviceWorker, cache: SpeechCache, stats: PipelineStats) -> None:
         self.worker = worker
         self.cache = cache
         self.stats = stats
@@ -136,10 +137,10 @@ class Stages:
         job.seed = sentence_seed(p.seed, job.ph.norm_text)
         job.prosody_key = self.prosody_key(job.voice, job.ph, p)
         steps, cfg = self.sampler(p)
-        job.audio_key = self.cache.audio_key(job.prosody_key, p.speed, p.noise_scale,
-                                             p.seed if p.seed != -1 else "any", timbre=job.voice.timbre,
-                                             family=family if family in DIFFUSION_FAMILIES else "",
-                                             steps=steps, cfg=cfg)
+        job.audio_key = SynthesisCache.audio_key(job.prosody_key, p.speed, p.noise_scale,
+                                                 p.seed if p.seed != -1 else "any", timbre=job.voice.timbre,
+                                                 family=family if family in DIFFUSION_FAMILIES else "",
+                                                 steps=steps, cfg=cfg)
         job.cached = self.cacheable(p)
 
     def sampler(self, p: SynthesisParams) -> tuple[int | None, float | None]:
@@ -165,16 +166,16 @@ class Stages:
                     # a random-seed request takes any earlier sample of the same text (that is what makes
                     # precomputed common phrases hit); a seeded one only its own
                     "seed": p.seed if p.seed != -1 else "any"}
-        return self.cache.prosody_key(self.engine.model_id, voice.id, voice.version,
-                                      normalize_for_cache(ph.norm_text),
-                                      "+".join(piece.lang for piece in ph.pieces), sampling, reading=ph.reading_key,
-                                      style=voice.style, family=self.engine.family)
+        return SynthesisCache.prosody_key(self.engine.model_id, voice.id, voice.version,
+                                          normalize_for_cache(ph.norm_text),
+                                          "+".join(piece.lang for piece in ph.pieces), sampling,
+                                          reading=ph.reading_key, style=voice.style, family=self.engine.family)
 
     # ---- prosody (cache | GPT) ---------------------------------------------------------------------------------
 
-    def cached_audio(self, job: SentenceJob) -> bool:
+    async def cached_audio(self, job: SentenceJob) -> bool:
         """The vocode stage's cache, looked up before the prosody: True (and ``job.audio`` set) on a hit."""
-        audio = self.cache.get_audio(job.audio_key) if job.cached else None
+        audio = await self.cache.get_audio(job.audio_key) if job.cached else None
         if audio is None:
             self.stats.counters["audio_miss"] += 1
             return False
@@ -191,7 +192,7 @@ class Stages:
         ``on_tokens``: sees the tokens as they come, all at once on a cache hit (that feeds :class:`EarlyAudio`,
         so a hit sounds exactly like a miss).
         """
-        tokens = self.cache.get_tokens(job.prosody_key) if job.cached else None
+        tokens = await self.cache.get_tokens(job.prosody_key) if job.cached else None
         if tokens is not None:
             job.timings["prosody_hit"] = 1.0
             self.stats.counters["prosody_hit"] += 1
@@ -203,7 +204,7 @@ class Stages:
                 await after.wait()
             tokens, job.timings["gpt_s"] = await self.semantic(job, on_tokens)
             if job.cached:
-                self.cache.put_tokens(job.prosody_key, tokens, job.voice.id)
+                await self.cache.put_tokens(job.prosody_key, tokens, job.voice.id)  # (queued, not awaited)
         job.tokens = tokens
 
     async def semantic(self, job: SentenceJob,
@@ -259,7 +260,7 @@ class Stages:
         # audio fused with other voices' clips is not kept: its entry would be tagged with this voice alone, and
         # outlive the deletion of an aux voice whose timbre it carries
         if job.cached and not job.voice.timbre:
-            self.cache.put_audio(job.audio_key, job.audio, job.voice.id)
+            await self.cache.put_audio(job.audio_key, job.audio, job.voice.id)  # (queued: the chunk goes out now)
 
     async def sampled(self, job: SentenceJob, out: SampledAudio) -> tuple[np.ndarray, int]:
         """A diffusion family's sentence through :meth:`Engine.decode_stream`, one worker call per sampler chunk:

@@ -76,7 +76,7 @@ import soundfile as sf  # pyright: ignore[reportMissingTypeStubs]  # untyped; it
 from engines import SpeechError
 from engines.base import SAMPLE_RATE, VoicePrompt
 from synthesis.audio import Reference
-from synthesis.cache import SynthesisCache
+from synthesis.cache import VoiceCache
 from synthesis.types import LANGUAGES, Voice, VoiceNotFound, VoiceStyle
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ class VoiceStore:
     cache: the synthesis cache whose entries are removed when a voice changes or is deleted.
     """
 
-    def __init__(self, root: Path, *, cache: SynthesisCache | None = None) -> None:
+    def __init__(self, root: Path, *, cache: VoiceCache | None = None) -> None:
         self.root = Path(root)
         self.cache = cache
         self.db_path = self.root / DB_FILE

@@ -59,8 +59,8 @@ MODULES: dict[str, set[str]] = {
         "engines.lazy",  # the packages' faces load their heavy names with it
     },
     "synthesis": {f"synthesis.{m}" for m in (
-        "types", "backend", "voices", "text", "audio", "styles", "cache", "scheduler", "cluster.client",
-        "cluster.options")},
+        "types", "backend", "voices", "text", "audio", "styles", "cache", "cache_lane", "scheduler",
+        "cluster.client", "cluster.options")},
     "bot": {f"bot.{m}" for m in (
         "autoread", "chat", "config", "http", "pronunciations", "services", "speaker", "speech", "store")},
     "cogs": set(),

@@ -27,7 +27,7 @@ from synthesis.admission import Admission, AdmittedStream
 from synthesis.cache import SynthesisCache
 from synthesis.cluster.options import ClusterOptions
 from synthesis.cluster.replica import Build, Served, SynthesisReplica, open_served, open_shared
-from synthesis.cluster.stores import Reports, Stores
+from synthesis.cluster.stores import Reports, Stores, SynthStores
 from synthesis.pipeline import stream_sentences
 from synthesis.types import AudioChunk, BusyError, Limits, SynthesisParams, Voice
 from synthesis.voices import Removed, VoiceStore
@@ -73,7 +73,7 @@ def connect_cluster(build: Build, open_stores: Callable[[], Stores], options: Cl
         from synthesis.cluster.storage import start_storage
 
         actor = start_storage(open_stores, options.app_name, report_dir)
-        storage: Callable[[], tuple[Stores, Reports]] = functools.partial(open_served, actor)
+        storage: Callable[[], tuple[SynthStores, Reports]] = functools.partial(open_served, actor)
     else:
         storage = functools.partial(open_shared, open_stores, str(report_dir))
     status = serve.status().applications.get(options.app_name)
@@ -388,7 +388,7 @@ class RemoteSynthesizer:
         await self.voicing.stop_precompute()
         # the handle's router reports this client's load to the autoscaler in the background until it is shut down
         await self._handle.shutdown_async()
-        self.cache.close()
+        await asyncio.to_thread(self.cache.close)  # (SQLite: off the event loop)
         self.voices.close()
 
 

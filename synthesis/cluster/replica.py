@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
-from synthesis.cluster.stores import FileReports, Reports, Stores
+from synthesis.cache_lane import CacheLane
+from synthesis.cluster.stores import FileReports, Reports, Stores, SynthStores
 from synthesis.types import AudioChunk, SynthesisParams, Voice
 from synthesis.voicing import VoiceOrder
 
@@ -27,16 +28,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REPORT_S = 1.0  # how often a replica writes its state file
-Build = Callable[[Stores], "Synthesizer"]  # makes a replica's synthesizer (engine, worker) around its stores
+Build = Callable[[SynthStores], "Synthesizer"]  # makes a replica's synthesizer (engine, worker) around its stores
 _VOICE_CHANGES = ("add_clips", "add_style", "remove_style")  # what a replica's change_voice runs
 
 
-def open_shared(open_stores: Callable[[], Stores], report_dir: str) -> tuple[Stores, Reports]:
-    """``ray.storage: shared``, in a replica: the configured folders, opened by the replica itself."""
-    return open_stores(), FileReports(Path(report_dir))
+def open_shared(open_stores: Callable[[], Stores], report_dir: str) -> tuple[SynthStores, Reports]:
+    """``ray.storage: shared``, in a replica: the configured folders, opened by the replica itself (its pipeline's
+    cache calls on a thread of their own, :class:`~synthesis.cache_lane.CacheLane`)."""
+    voices, cache = open_stores()
+    return (voices, CacheLane(cache)), FileReports(Path(report_dir))
 
 
-def open_served(actor: str) -> tuple[Stores, Reports]:
+def open_served(actor: str) -> tuple[SynthStores, Reports]:
     """``ray.storage: served``, in a replica: stand-ins that call the storage actor ``actor``."""
     from synthesis.cluster import storage
 
@@ -61,7 +64,8 @@ class SynthesisReplica:
         and says where the replica's state goes: :func:`open_shared` or :func:`open_served`, bound to its arguments.
     """
 
-    async def __init__(self, build: Build, storage: Callable[[], tuple[Stores, Reports]]) -> None:  # type: ignore[misc]
+    async def __init__(self, build: Build,  # type: ignore[misc]
+                       storage: Callable[[], tuple[SynthStores, Reports]]) -> None:
         from ray import serve
 
         stores, self._reports = await asyncio.to_thread(storage)

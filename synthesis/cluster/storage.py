@@ -6,15 +6,17 @@ The voice database and the caches are SQLite in WAL mode, which works only among
 ``voices.dir`` and ``cache.dir`` for all replicas: :class:`StorageActor` (no CPU reserved), pinned to the node of the
 client that deploys the replicas (the bot / API machine, which must be a Ray node and opens the same folders itself).
 A replica's local synthesizer gets :class:`ServedVoices` and :class:`ServedCache`, which stand in for its
-:class:`~synthesis.voices.VoiceStore` and :class:`~synthesis.cache.SynthesisCache` and send every call to the actor:
+:class:`~synthesis.voices.VoiceStore` and its caches (a :class:`~synthesis.cache_lane.SpeechCache` to the stages, a
+:class:`~synthesis.cache.VoiceCache` to the voice store) and send every call to the actor:
 
 * Voices: a lookup (every request that names its voice) is one call that returns the voice's stamp
   (:meth:`VoiceStore.stamp`); the prompt arrays travel only when the replica does not hold that stamp's yet, so a
   replaced voice's arrays are replaced, and a deleted voice's are dropped, at its next lookup. Creating, replacing
   and deleting run the store's own steps on the actor (crash rules, cache retirement: as locally).
-* Caches: a lookup waits for its answer (the pipeline calls it on its event loop: :data:`CALL_TIMEOUT_S` at most);
-  a store is sent without waiting for it, at most :data:`MAX_PENDING_STORES` per replica at once (past that a store
-  is skipped: a cache entry is an optimisation, and the actor's backlog stays bounded). The actor runs lookups on
+* Caches: a lookup's answer is awaited (its Ray future, on the replica's event loop, which goes on meanwhile:
+  :data:`CALL_TIMEOUT_S` at most); a store is sent without waiting for it, at most :data:`MAX_PENDING_STORES` per
+  replica at once (past that a store is skipped: a cache entry is an optimisation, and the actor's backlog stays
+  bounded). The actor runs lookups on
   threads of their own (:data:`LOOKUP_THREADS`), so a lookup never waits behind the stores, which run one at a
   time. The actor's cache, bound to its voice store like every cache, refuses and takes back an entry of a deleted
   voice.
@@ -29,6 +31,7 @@ Ray is imported here at the top: only the ``ray`` backend imports this module (t
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
 import importlib
@@ -42,8 +45,8 @@ import numpy as np
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from engines import EngineError, SpeechError
-from synthesis.cache import SynthesisCache
-from synthesis.cluster.stores import FileReports, Stores
+from synthesis.cache import may_store
+from synthesis.cluster.stores import FileReports, Stores, SynthStores
 from synthesis.types import Voice, VoiceNotFound
 from synthesis.voices import DB_FILE, HeldVoices, Removed, VoiceError, VoiceStore
 
@@ -182,11 +185,11 @@ def stop_storage(app_name: str) -> None:
 # ---- the replica's side ------------------------------------------------------------------------------------------
 
 
-def connect(name: str) -> tuple[Stores, StorageLink]:
+def connect(name: str) -> tuple[SynthStores, StorageLink]:
     """In a replica: the stand-ins for its voice store and caches, and where its state reports go."""
     link = StorageLink(name)
     described: dict[str, Any] = link.call("describe")
-    cache = ServedCache(link, Path(described["cache_dir"]), reuse_random=bool(described["reuse_random"]))
+    cache = ServedCache(link, reuse_random=bool(described["reuse_random"]))
     return (ServedVoices(link, Path(described["voices_dir"]), cache), cache), link
 
 
@@ -199,6 +202,7 @@ class StorageLink:
         self.call_s: collections.deque[float] = collections.deque(maxlen=1024)  # recent round trips
         self.skipped = 0  # cache stores skipped (MAX_PENDING_STORES were under way)
         self._pending = 0  # stores sent, not yet done
+        self._sending: set[concurrent.futures.Future[Any]] = set()  # their answers (ServedCache.drain awaits them)
         self._lock = threading.Lock()
         self._actor = self._find()
 
@@ -211,15 +215,32 @@ class StorageLink:
                 result = _result(_method(actor, method).remote(*args), CALL_TIMEOUT_S)
                 self.call_s.append(time.perf_counter() - started)
                 return result
-            except rx.RayTaskError as e:
-                cause = e.cause
-                raise (cause if isinstance(cause, BaseException) else e) from None
-            except concurrent.futures.TimeoutError:
-                raise self._gone(f"it did not answer within {CALL_TIMEOUT_S:g} s") from None
             except rx.RayActorError as e:
                 if attempt == 0 and self._refind(actor):
                     continue  # a new actor under the name (the client restarted): once more with it
                 raise self._gone(type(e).__name__) from None
+            except BaseException as e:
+                raise self._failure(e) from None
+        raise AssertionError("unreachable")
+
+    async def acall(self, method: str, *args: Any) -> Any:
+        """:meth:`call` from an event loop: the answer's Ray future is awaited, and the loop goes on meanwhile."""
+        for attempt in range(2):
+            actor = self._actor
+            started = time.perf_counter()
+            try:
+                answer = asyncio.wrap_future(_method(actor, method).remote(*args).future())
+                result = await asyncio.wait_for(answer, CALL_TIMEOUT_S)
+                self.call_s.append(time.perf_counter() - started)
+                return result
+            except rx.RayActorError as e:
+                if attempt == 0 and await asyncio.to_thread(self._refind, actor):
+                    continue  # a new actor under the name (the client restarted): once more with it
+                raise self._gone(type(e).__name__) from None
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:
+                raise self._failure(e) from None
         raise AssertionError("unreachable")
 
     def send(self, method: str, *args: Any) -> None:
@@ -234,11 +255,19 @@ class StorageLink:
                 return
             self._pending += 1
         try:
-            ref = _method(self._actor, method).remote(*args)
+            future: concurrent.futures.Future[Any] = _method(self._actor, method).remote(*args).future()
         except BaseException:
-            self._done_sending()
+            with self._lock:
+                self._pending -= 1
             raise
-        ref.future().add_done_callback(self._sent)
+        with self._lock:
+            self._sending.add(future)
+        future.add_done_callback(self._sent)
+
+    def sending(self) -> list[concurrent.futures.Future[Any]]:
+        """The answers of the stores sent and not yet done."""
+        with self._lock:
+            return list(self._sending)
 
     def write(self, replica: str, state: Mapping[str, Any]) -> None:
         self.call("report", replica, dict(state))  # (off the event loop; a call finds a restarted actor)
@@ -264,17 +293,24 @@ class StorageLink:
             self._actor = actor
             return True
 
+    def _failure(self, error: BaseException) -> BaseException:
+        """What a failed call raises: the actor's own exception, or one line saying the actor is out of reach."""
+        if isinstance(error, rx.RayTaskError):
+            cause: object = getattr(error, "cause", None)
+            return cause if isinstance(cause, BaseException) else error
+        if isinstance(error, TimeoutError):  # (concurrent.futures' and asyncio's are this one)
+            return self._gone(f"it did not answer within {CALL_TIMEOUT_S:g} s")
+        return error
+
     def _gone(self, why: str) -> EngineError:
         return EngineError(f"this replica cannot reach the voice and cache storage {self.name!r} (ray.storage: "
                            f"served; {why}): it runs with the bot / API that deployed the replicas, on the machine "
                            "that holds voices.dir and cache.dir; start that again, or check that machine's Ray node")
 
-    def _done_sending(self) -> None:
+    def _sent(self, future: concurrent.futures.Future[Any]) -> None:
         with self._lock:
             self._pending -= 1
-
-    def _sent(self, future: concurrent.futures.Future[Any]) -> None:
-        self._done_sending()
+            self._sending.discard(future)
         error = future.exception()
         if error is not None:
             log.warning("a write to the voice and cache storage %r failed: %s", self.name, _first_line(error))
@@ -288,8 +324,8 @@ def _method(actor: Any, name: str) -> Any:
 
 
 def _result(ref: Any, timeout_s: float) -> Any:
-    """Wait for one call's result (a future, not ``ray.get``: Ray warns about a ``ray.get`` inside a replica's event
-    loop, and the cache's lookups are made there on purpose, a millisecond each)."""
+    """Wait for one call's result (a future, not ``ray.get``, which Ray warns about inside a replica, a process that
+    runs an event loop)."""
     return ref.future().result(timeout=timeout_s)
 
 
@@ -302,33 +338,51 @@ def _first_line(error: BaseException) -> str:
 # ---- the stand-ins -----------------------------------------------------------------------------------------------
 
 
-class ServedCache(SynthesisCache):
-    """A replica's :class:`SynthesisCache`: every call goes to the storage actor's (see the module docstring).
+class ServedCache:
+    """A replica's caches: every call goes to the storage actor's (see the module docstring).
 
-    The keys and the seed policy (:meth:`prosody_key`, :meth:`audio_key`, :meth:`cacheable`) are computed here, as
-    the actor's cache computes them; ``reuse_random`` is the actor's.
+    To the stages a :class:`~synthesis.cache_lane.SpeechCache`: a lookup awaits the actor's answer through the link's
+    Ray future (:meth:`StorageLink.acall`), so the replica's event loop goes on meanwhile; a write is sent without
+    waiting (:meth:`StorageLink.send`). To :class:`ServedVoices` a :class:`~synthesis.cache.VoiceCache`, called
+    synchronously from the voice store's thread. The seed policy is computed here with the actor's
+    ``reuse_random``; the keys are pure functions (``SynthesisCache.prosody_key``, ``audio_key``).
     """
 
-    def __init__(self, link: StorageLink, dir: Path, *, reuse_random: bool) -> None:  # noqa: A002 - as the base
-        # (the base class's __init__ opens the files; here they are the actor's)
-        self.dir = dir
+    def __init__(self, link: StorageLink, *, reuse_random: bool) -> None:
         self.reuse_random = reuse_random
         self._link = link
-        self.write_failures = 0  # the actor's cache writes and counts; the pipeline's metrics read this one
+        self.write_failures = 0  # the actor's cache writes and counts them; the pipeline's metrics read this one
 
-    def get_tokens(self, key: str) -> np.ndarray | None:
-        tokens: np.ndarray | None = self._link.call("lookup_cache", "get_tokens", key)
+    def cacheable(self, sampling: Mapping[str, Any]) -> bool:
+        return may_store(sampling, reuse_random=self.reuse_random)
+
+    async def get_tokens(self, key: str) -> np.ndarray | None:
+        tokens: np.ndarray | None = await self._link.acall("lookup_cache", "get_tokens", key)
         return None if tokens is None else np.array(tokens)  # writable, as the local cache's
 
-    def put_tokens(self, key: str, tokens: np.ndarray, voice_id: str) -> None:
+    async def put_tokens(self, key: str, tokens: np.ndarray, voice_id: str) -> None:
         self._link.send("store_cache", "put_tokens", key, np.asarray(tokens), voice_id)
 
-    def get_audio(self, key: str) -> np.ndarray | None:
-        audio: np.ndarray | None = self._link.call("lookup_cache", "get_audio", key)
+    async def get_audio(self, key: str) -> np.ndarray | None:
+        audio: np.ndarray | None = await self._link.acall("lookup_cache", "get_audio", key)
         return None if audio is None else np.array(audio)  # writable, not the object store's read-only view
 
-    def put_audio(self, key: str, audio: np.ndarray, voice_id: str) -> None:
+    async def put_audio(self, key: str, audio: np.ndarray, voice_id: str) -> None:
         self._link.send("store_cache", "put_audio", key, np.asarray(audio, np.float32), voice_id)
+
+    async def stats(self) -> dict[str, dict[str, int]]:
+        """The actor's counts: every replica's hits and misses together."""
+        return await self._link.acall("lookup_cache", "stats")
+
+    async def drain(self) -> None:
+        """Wait until the stores this replica sent are done (a failed one is logged by the link)."""
+        sending = self._link.sending()
+        if sending:
+            await asyncio.wait([asyncio.wrap_future(f) for f in sending])
+
+    async def close(self) -> None:
+        """Wait for the stores sent; the actor holds the files."""
+        await self.drain()
 
     def invalidate_voice(self, voice_id: str) -> int:
         return int(self._link.call("change_cache", "invalidate_voice", voice_id))
@@ -341,13 +395,6 @@ class ServedCache(SynthesisCache):
 
     def is_retired(self, voice_id: str) -> bool:
         return bool(self._link.call("lookup_cache", "is_retired", voice_id))
-
-    def stats(self) -> dict[str, dict[str, int]]:
-        """The actor's counts: every replica's hits and misses together."""
-        return self._link.call("lookup_cache", "stats")
-
-    def close(self) -> None:
-        """Nothing to close here: the actor holds the files."""
 
 
 class ServedVoices(VoiceStore):

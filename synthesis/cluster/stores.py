@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 from synthesis.cache import SynthesisCache
+from synthesis.cache_lane import SpeechCache
 from synthesis.voices import VoiceStore
 
-Stores = tuple[VoiceStore, SynthesisCache]  # what a local synthesizer reads its voices and caches from
+Stores = tuple[VoiceStore, SynthesisCache]  # a machine's voice store and caches, opened from its folders
+SynthStores = tuple[VoiceStore, SpeechCache]  # what a replica's local synthesizer reads its voices and caches through
 
 
 class Reports(Protocol):

@@ -249,6 +249,7 @@ def test_cli_says_a_config_error_in_one_line(tmp_path: Path, raw: str, needle: s
 
 
 def test_cache_reuse_random_reaches_the_cache(tiny_config) -> None:
+    import asyncio
     import dataclasses
 
     from bot.services import build_synthesizer
@@ -256,7 +257,7 @@ def test_cache_reuse_random_reaches_the_cache(tiny_config) -> None:
     cfg = dataclasses.replace(tiny_config, cache=dataclasses.replace(tiny_config.cache, reuse_random=False))
     synth = build_synthesizer(cfg)
     try:
-        assert synth.cache.reuse_random is False and not synth.cache.cacheable({"seed": -1, "top_k": 15})
+        assert synth.cache.store.reuse_random is False and not synth.cache.cacheable({"seed": -1, "top_k": 15})
     finally:
         synth.worker.close()
-        synth.cache.close()
+        asyncio.run(synth.cache.close())

@@ -71,8 +71,8 @@ async def run(synth, text, voice, params=PARAMS):
 
 
 def entries(synth) -> dict[str, int]:
-    """Entries in the prosody and audio caches (the storage actor's files, read here)."""
-    return {name: s["entries"] for name, s in synth.cache.stats().items()}
+    """Entries in the prosody and audio caches (the storage actor's files, or the local run's, read here)."""
+    return {name: s["entries"] for name, s in synth.voices.cache.stats().items()}
 
 
 async def stored(synth, expected: dict[str, int], timeout_s: float = 30.0) -> None:
@@ -106,6 +106,7 @@ async def test_a_voice_made_on_one_replica_speaks_on_the_other_and_its_delete_re
     bob, _ = await remote.voicing.create("bob", speech_like_wav(seed=3, f0=110), "bob.wav",
                                          transcript="Hello, this is my voice.", language="en", consent=CONSENT)
     made_on = remote.voicing.last_replica
+    await local.cache.drain()  # (the local run queues its writes: every one in)
     before, local_before = entries(remote), entries(local)
     texts = [f"Bob talks, take {i}." for i in range(4)]
     results = await asyncio.gather(*(run(remote, t, "bob") for t in texts))  # by name: each replica's own lookup
@@ -113,6 +114,7 @@ async def test_a_voice_made_on_one_replica_speaks_on_the_other_and_its_delete_re
     for text, (audio, _) in zip(texts, results):
         assert same(audio, (await run(local, text, bob.id))[0])
     # the entries the local run made in its own caches, the replicas made in the served ones
+    await local.cache.drain()
     await stored(remote, {k: before[k] + entries(local)[k] - local_before[k] for k in before})
     assert entries(remote) != before
 
@@ -191,8 +193,12 @@ def test_a_storage_call_costs_about_a_millisecond(config, remote):
     from synthesis.cluster import storage as served
 
     (_, cache), link = served.connect(served.actor_name(config.ray.app_name))
-    for i in range(300):
-        cache.get_tokens(f"{i:064x}")
+
+    async def look_up() -> None:
+        for i in range(300):
+            await cache.get_tokens(f"{i:064x}")
+
+    asyncio.run(look_up())
     calls = sorted(link.call_s)
     median, p95 = statistics.median(calls), calls[int(len(calls) * 0.95)]
     print(f"storage call (cache lookup, a miss): median {median * 1e3:.2f} ms, 95th percentile {p95 * 1e3:.2f} ms "

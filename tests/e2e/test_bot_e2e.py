@@ -340,8 +340,9 @@ async def test_two_guilds_speak_at_once_in_their_own_voices(env: BotEnv) -> None
         rec.clear()
     assert [r.voice for r in env.synth.streams] == [voice_one, voice_two]
 
+    await env.synth.real.cache.drain()  # (the writes are queued: all of them in before the removal)
     for v in (voice_one, voice_two):  # synthesize afresh, concurrently (no cached audio)
-        env.synth.real.cache.invalidate_voice(v.id)
+        env.synth.real.cache.store.invalidate_voice(v.id)
     env.synth.hold = lambda: len(env.synth.streams) >= 4  # each holds its second chunk until both have started
     await asyncio.gather(*(_say(env, lay.guild_id, lay.admin_id, text) for lay in (one, two)))
     for lay in (one, two):

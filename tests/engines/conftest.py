@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.golden_v4v5 import GoldenV4V5, golden_v4v5_dir
+
 
 @pytest.fixture(scope="module")
 def one_torch_thread():
@@ -29,5 +31,22 @@ def meta(golden_v2pro_dir: Path) -> dict[str, Any]:
 def version(request: pytest.FixtureRequest, meta: dict[str, Any]) -> str:
     """Each SoVITS family the v2Pro golden set holds data for."""
     if request.param not in meta["versions"]:
+        pytest.skip(f"this golden set has no {request.param} data")
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def golden_v4v5() -> GoldenV4V5:
+    """The v4/v5 golden set (``VOICEBOT_GOLDEN_V4V5_DIR`` overrides where it is)."""
+    root = golden_v4v5_dir()
+    if not (root / "meta.json").is_file():
+        pytest.skip(f"no v4/v5 golden set at {root}")
+    return GoldenV4V5(root)
+
+
+@pytest.fixture(scope="module", params=("v4", "v5turbo", "v5dev", "v3"))
+def family(request: pytest.FixtureRequest, golden_v4v5: GoldenV4V5) -> str:
+    """Each diffusion family the v4/v5 golden set holds data for."""
+    if request.param not in golden_v4v5.families:
         pytest.skip(f"this golden set has no {request.param} data")
     return str(request.param)

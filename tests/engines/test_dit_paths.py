@@ -28,7 +28,7 @@ from engines.gpt_sovits.family import family_spec
 from engines.gpt_sovits.mel import norm_spec
 from engines.gpt_sovits.tiny import _atomic  # pyright: ignore[reportPrivateUsage]
 from engines.gpt_sovits.tiny_dit import write_dit_family
-from tests.golden_v4v5 import GoldenV4V5, golden_v4v5_dir
+from tests.golden_v4v5 import GoldenV4V5
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -37,28 +37,14 @@ ATOL_WAV = 1e-4  # fp32 (ONNX Runtime vocoder) vs naive (torch) waveform
 
 
 @pytest.fixture(scope="module")
-def golden() -> GoldenV4V5:
-    root = golden_v4v5_dir()
-    if not (root / "meta.json").is_file():
-        pytest.skip(f"no v4/v5 golden set at {root}")
-    return GoldenV4V5(root)
-
-
-@pytest.fixture(scope="module", params=("v4", "v5turbo", "v5dev", "v3"))
-def family(request: pytest.FixtureRequest, golden: GoldenV4V5) -> str:
-    if request.param not in golden.families:
-        pytest.skip(f"this golden set has no {request.param} data")
-    return str(request.param)
-
-
-@pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("proofs")  # shared: the v5 families' one vocoder file is quantised once
 
 
 @pytest.fixture(scope="module")
-def decoders(golden: GoldenV4V5, family: str, cache: Path) -> dict[str, DiffusionDecoder]:
-    return {p: DiffusionDecoder.load(golden.sovits_file(family), golden.vocoder_path(family), path=p, cache_dir=cache)
+def decoders(golden_v4v5: GoldenV4V5, family: str, cache: Path) -> dict[str, DiffusionDecoder]:
+    g = golden_v4v5
+    return {p: DiffusionDecoder.load(g.sovits_file(family), g.vocoder_path(family), path=p, cache_dir=cache)
             for p in ("naive", "fp32", "fast")}
 
 
@@ -78,11 +64,11 @@ def test_paths_run_what_they_say(decoders: dict[str, DiffusionDecoder]) -> None:
 
 
 @torch.inference_mode()
-def test_fp32_path_equals_naive_per_sampler_call(golden: GoldenV4V5, family: str,
+def test_fp32_path_equals_naive_per_sampler_call(golden_v4v5: GoldenV4V5, family: str,
                                                  decoders: dict[str, DiffusionDecoder]) -> None:
     """Every sampler call of the default run, upstream's inputs and noise (v5dev: with its guidance)."""
-    io = golden.io(family)
-    for k, call in enumerate(golden.run(family, "default")["cfm_call_args"]):
+    io = golden_v4v5.io(family)
+    for k, call in enumerate(golden_v4v5.run(family, "default")["cfm_call_args"]):
         args = (io[f"chunk{k}_mu"], io[f"chunk{k}_prompt"], call["n_timesteps"], decoders["fp32"].family,
                 call["inference_cfg_rate"], io[f"chunk{k}_noise"])
         naive = sample(decoders["naive"].estimator, *args)
@@ -92,10 +78,10 @@ def test_fp32_path_equals_naive_per_sampler_call(golden: GoldenV4V5, family: str
 
 
 @torch.inference_mode()
-def test_fp32_path_equals_naive_end_to_end(golden: GoldenV4V5, family: str,
+def test_fp32_path_equals_naive_end_to_end(golden_v4v5: GoldenV4V5, family: str,
                                            decoders: dict[str, DiffusionDecoder]) -> None:
     """Reference clip -> voice -> chunked mel -> waveform, with upstream's noise per chunk."""
-    ref, io = golden.ref, golden.io(family)
+    ref, io = golden_v4v5.ref, golden_v4v5.io(family)
 
     def noise(k: int, frames: int) -> torch.Tensor:
         return io[f"chunk{k}_noise"]
@@ -109,11 +95,13 @@ def test_fp32_path_equals_naive_end_to_end(golden: GoldenV4V5, family: str,
 
 
 @torch.inference_mode()
-def test_fast_path_is_within_its_proof(golden: GoldenV4V5, family: str, decoders: dict[str, DiffusionDecoder]) -> None:
+def test_fast_path_is_within_its_proof(golden_v4v5: GoldenV4V5, family: str,
+                                       decoders: dict[str, DiffusionDecoder]) -> None:
     """The default path's sampled mel against fp32's: the proof's bound where int8 runs, identical where it does not."""
-    io = golden.io(family)
+    io = golden_v4v5.io(family)
     spec = family_spec(family)
-    prompt = MelPrompt.from_reference(io["fea_ref"], norm_spec(golden.ref[f"mel{spec.mel_rate // 1000}k_log"]), spec)
+    mel = golden_v4v5.ref[f"mel{spec.mel_rate // 1000}k_log"]
+    prompt = MelPrompt.from_reference(io["fea_ref"], norm_spec(mel), spec)
     steps, cfg = check_sampling(spec, None, None)
     gen = [torch.Generator().manual_seed(5) for _ in range(2)]
     fp32 = synthesize_mel(decoders["fp32"].estimator, prompt, io["fea_todo"], spec, steps, cfg, generator=gen[0])
@@ -125,9 +113,9 @@ def test_fast_path_is_within_its_proof(golden: GoldenV4V5, family: str, decoders
         assert _max_err(fast, fp32) == 0
 
 
-def test_unknown_path_is_one_line(golden: GoldenV4V5) -> None:
+def test_unknown_path_is_one_line(golden_v4v5: GoldenV4V5) -> None:
     with pytest.raises(ValueError, match="unknown decoder path 'quick'; use one of fast, fp32, naive"):
-        DiffusionDecoder.load(golden.sovits_file("v4"), golden.vocoder_path("v4"), path="quick")
+        DiffusionDecoder.load(golden_v4v5.sovits_file("v4"), golden_v4v5.vocoder_path("v4"), path="quick")
 
 
 # ---------------------------------------------------------------------------------------- the proofs' logic

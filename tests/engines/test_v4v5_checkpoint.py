@@ -24,7 +24,7 @@ from engines.gpt_sovits.dit_checkpoint import (
 from engines.gpt_sovits.family import family_spec
 from engines.gpt_sovits.mel_sovits import MelSoVITS
 from engines.gpt_sovits.vocoder48k import Vocoder48k
-from tests.golden_v4v5 import GoldenV4V5, golden_v4v5_dir
+from tests.golden_v4v5 import GoldenV4V5
 
 # configs/s2.json's model block, which the released v3/v4/v5 SoVITS are built from (reference section 2); the
 # golden set's real_size_shapes.json was made with it
@@ -33,14 +33,6 @@ S2_MODEL = {"inter_channels": 192, "hidden_channels": 192, "filter_channels": 76
             "resblock_dilation_sizes": [[1, 3, 5]] * 3, "upsample_rates": [10, 8, 2, 2, 2],
             "upsample_initial_channel": 512, "upsample_kernel_sizes": [16, 16, 8, 2, 2], "gin_channels": 512,
             "semantic_frame_rate": "25hz", "freeze_quantizer": True}
-
-
-@pytest.fixture(scope="module")
-def golden() -> GoldenV4V5:
-    root = golden_v4v5_dir()
-    if not (root / "meta.json").is_file():
-        pytest.skip(f"no v4/v5 golden set at {root}")
-    return GoldenV4V5(root)
 
 
 def _one_line(e: pytest.ExceptionInfo[ModelFormatError]) -> str:
@@ -62,11 +54,11 @@ def _save(path: Path, obj: Any, tag: bytes = b"PK") -> Path:
 
 
 @pytest.mark.parametrize("family", ["v4", "v5turbo", "v5dev", "v3"])
-def test_each_family_file_loads_as_upstream_detects_it(golden: GoldenV4V5, family: str) -> None:
-    if family not in golden.families:
+def test_each_family_file_loads_as_upstream_detects_it(golden_v4v5: GoldenV4V5, family: str) -> None:
+    if family not in golden_v4v5.families:
         pytest.skip(f"this golden set has no {family} data")
-    meta = golden.sovits_meta(family)
-    path = golden.sovits_file(family)
+    meta = golden_v4v5.sovits_meta(family)
+    path = golden_v4v5.sovits_file(family)
     assert path.read_bytes()[:2].decode() == meta["first_2_bytes_ascii"]
     ckpt = load_dit_sovits_checkpoint(path)
     assert ckpt.version == meta["detected"][1] == family
@@ -79,12 +71,13 @@ def test_each_family_file_loads_as_upstream_detects_it(golden: GoldenV4V5, famil
         load_sovits_checkpoint(path)
 
 
-def test_untagged_file_is_told_by_its_name_config_or_the_configured_family(golden: GoldenV4V5, tmp_path: Path) -> None:
-    src = golden.sovits_file("v5turbo")
+def test_untagged_file_is_told_by_its_name_config_or_the_configured_family(golden_v4v5: GoldenV4V5,
+                                                                          tmp_path: Path) -> None:
+    src = golden_v4v5.sovits_file("v5turbo")
     assert load_dit_sovits_checkpoint(_retag(src, tmp_path / "s2Gv5turbo.pth", b"PK")).version == "v5turbo"
     assert load_dit_sovits_checkpoint(_retag(src, tmp_path / "mine.pth", b"PK")).version == "v5turbo"  # its config
     for family in ("v5turbo", "v4"):
-        ckpt = load_dit_sovits_checkpoint(golden.sovits_file(family))
+        ckpt = load_dit_sovits_checkpoint(golden_v4v5.sovits_file(family))
         config = {**ckpt.config, "model": {k: v for k, v in ckpt.config["model"].items() if k != "version"}}
         silent = _save(tmp_path / f"silent_{family}.pth", {"weight": ckpt.state_dict, "config": config, "info": ""})
         assert load_dit_sovits_checkpoint(silent, expected=family).version == family
@@ -96,20 +89,20 @@ def test_untagged_file_is_told_by_its_name_config_or_the_configured_family(golde
             assert "set models.family to v3 or v4" in _one_line(e)
 
 
-def test_v5_file_with_a_v4_header_is_refused(golden: GoldenV4V5, tmp_path: Path) -> None:
-    bad = _retag(golden.sovits_file("v5turbo"), tmp_path / "bad.pth", b"04")
+def test_v5_file_with_a_v4_header_is_refused(golden_v4v5: GoldenV4V5, tmp_path: Path) -> None:
+    bad = _retag(golden_v4v5.sovits_file("v5turbo"), tmp_path / "bad.pth", b"04")
     with pytest.raises(ModelFormatError) as e:
         load_dit_sovits_checkpoint(bad)
     msg = _one_line(e)
     assert "04 header says v4" in msg and "v5 weights" in msg
-    bad = _retag(golden.sovits_file("v4"), tmp_path / "bad2.pth", b"08")
+    bad = _retag(golden_v4v5.sovits_file("v4"), tmp_path / "bad2.pth", b"08")
     with pytest.raises(ModelFormatError) as e:
         load_dit_sovits_checkpoint(bad)
     assert "says v5turbo" in _one_line(e)
 
 
-def test_truncated_file_is_refused(golden: GoldenV4V5, tmp_path: Path) -> None:
-    data = golden.sovits_file("v5turbo").read_bytes()
+def test_truncated_file_is_refused(golden_v4v5: GoldenV4V5, tmp_path: Path) -> None:
+    data = golden_v4v5.sovits_file("v5turbo").read_bytes()
     cut = tmp_path / "cut.pth"
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelFormatError) as e:
@@ -117,8 +110,8 @@ def test_truncated_file_is_refused(golden: GoldenV4V5, tmp_path: Path) -> None:
     assert "truncated or corrupt" in _one_line(e)
 
 
-def test_dit_with_weights_missing_is_refused(golden: GoldenV4V5, tmp_path: Path) -> None:
-    ckpt = load_dit_sovits_checkpoint(golden.sovits_file("v4"))
+def test_dit_with_weights_missing_is_refused(golden_v4v5: GoldenV4V5, tmp_path: Path) -> None:
+    ckpt = load_dit_sovits_checkpoint(golden_v4v5.sovits_file("v4"))
     sd = dict(ckpt.state_dict)
     last = MelSoVITS.from_checkpoint(ckpt).cfg.dit.depth - 1
     del sd[f"cfm.estimator.transformer_blocks.{last}.ff.ff.2.weight"]
@@ -131,8 +124,8 @@ def test_dit_with_weights_missing_is_refused(golden: GoldenV4V5, tmp_path: Path)
     assert "no DiT blocks" in _one_line(e)
 
 
-def test_lora_and_v2_files_are_refused(golden: GoldenV4V5, tmp_path: Path) -> None:
-    ckpt = load_dit_sovits_checkpoint(golden.sovits_file("v4"))
+def test_lora_and_v2_files_are_refused(golden_v4v5: GoldenV4V5, tmp_path: Path) -> None:
+    ckpt = load_dit_sovits_checkpoint(golden_v4v5.sovits_file("v4"))
     lora = _save(tmp_path / "lora.pth", {"weight": ckpt.state_dict, "config": {"model": {}}, "info": "x",
                                           "lora_rank": 32}, b"04")
     with pytest.raises(ModelFormatError) as e:
@@ -145,19 +138,19 @@ def test_lora_and_v2_files_are_refused(golden: GoldenV4V5, tmp_path: Path) -> No
     assert "v2-family" in _one_line(e)
 
 
-def test_vocoders_load_and_wrong_files_are_refused(golden: GoldenV4V5, tmp_path: Path) -> None:
-    sd = load_vocoder48k_checkpoint(golden.vocoder_path("v4"))
-    assert len(sd) == len(golden.meta["vocoders"]["v4"]["keys"])
-    assert Vocoder48k.from_state_dict(sd).hop == golden.meta["vocoders"]["v4"]["vocoder_configs"]["upsample_rate"]
+def test_vocoders_load_and_wrong_files_are_refused(golden_v4v5: GoldenV4V5, tmp_path: Path) -> None:
+    sd = load_vocoder48k_checkpoint(golden_v4v5.vocoder_path("v4"))
+    assert len(sd) == len(golden_v4v5.meta["vocoders"]["v4"]["keys"])
+    assert Vocoder48k.from_state_dict(sd).hop == golden_v4v5.meta["vocoders"]["v4"]["vocoder_configs"]["upsample_rate"]
     with pytest.raises(ModelFormatError) as e:
-        load_vocoder48k_checkpoint(golden.sovits_file("v4"))
+        load_vocoder48k_checkpoint(golden_v4v5.sovits_file("v4"))
     assert "not the vocoder" in _one_line(e)
     with pytest.raises(ModelFormatError) as e:
         load_bigvgan_checkpoint(tmp_path)
     assert "does not exist" in _one_line(e)
-    if "v3" in golden.families:
-        big = BigVGAN.from_folder(golden.vocoder_path("v3"))
-        assert big.hop == golden.meta["vocoders"]["v3"]["vocoder_configs"]["upsample_rate"]
+    if "v3" in golden_v4v5.families:
+        big = BigVGAN.from_folder(golden_v4v5.vocoder_path("v3"))
+        assert big.hop == golden_v4v5.meta["vocoders"]["v3"]["vocoder_configs"]["upsample_rate"]
 
 
 def _meta_tensors(shapes: dict[str, list[int]]) -> dict[str, torch.Tensor]:
@@ -165,9 +158,9 @@ def _meta_tensors(shapes: dict[str, list[int]]) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("family", ["v3", "v4", "v5dev", "v5turbo"])
-def test_released_size_shapes_build(golden: GoldenV4V5, family: str) -> None:
+def test_released_size_shapes_build(golden_v4v5: GoldenV4V5, family: str) -> None:
     """Every key and shape of a released-size SoVITS fits the model built from them (on the meta device)."""
-    table = json.loads((golden.root / "real_size_shapes.json").read_text())
+    table = json.loads((golden_v4v5.root / "real_size_shapes.json").read_text())
     shapes = table["sovits"][family]["keys"]
     ckpt = SovitsCheckpoint(_meta_tensors(shapes), {"model": dict(S2_MODEL, version=family)}, family, "")
     with torch.device("meta"):
@@ -177,14 +170,14 @@ def test_released_size_shapes_build(golden: GoldenV4V5, family: str) -> None:
     assert model.cfg.family == family_spec(family)
 
 
-def test_released_size_vocoders_build(golden: GoldenV4V5) -> None:
-    table = json.loads((golden.root / "real_size_shapes.json").read_text())
+def test_released_size_vocoders_build(golden_v4v5: GoldenV4V5) -> None:
+    table = json.loads((golden_v4v5.root / "real_size_shapes.json").read_text())
     hifigan = _meta_tensors(table["vocoder"]["v4_v5_hifigan_after_remove_weight_norm"]["keys"])
     with torch.device("meta"):
         assert Vocoder48k.from_state_dict(hifigan, device="meta").conv_pre.out_channels == 512
-    if "v3" in golden.meta["vocoders"]:
-        config = json.loads((golden.vocoder_path("v3") / "config.json").read_text())
-        for key, (released, _tiny) in golden.meta["vocoders"]["v3"]["config_changes"].items():
+    if "v3" in golden_v4v5.meta["vocoders"]:
+        config = json.loads((golden_v4v5.vocoder_path("v3") / "config.json").read_text())
+        for key, (released, _tiny) in golden_v4v5.meta["vocoders"]["v3"]["config_changes"].items():
             config[key] = released
         big = _meta_tensors(table["vocoder"]["v3_bigvgan_file_layout"]["keys"])
         with torch.device("meta"):

@@ -19,7 +19,7 @@ from engines.gpt_sovits.cfm import MelPrompt, check_sampling, sample, synthesize
 from engines.gpt_sovits.diffusion import DiffusionDecoder
 from engines.gpt_sovits.family import family_spec
 from engines.gpt_sovits.mel import denorm_spec, log_mel, norm_spec, resample
-from tests.golden_v4v5 import GoldenV4V5, golden_v4v5_dir
+from tests.golden_v4v5 import GoldenV4V5
 
 pytestmark = [pytest.mark.conformance, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -37,28 +37,13 @@ def _close(a: torch.Tensor, ref: torch.Tensor, atol: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def golden() -> GoldenV4V5:
-    root = golden_v4v5_dir()
-    if not (root / "meta.json").is_file():
-        pytest.skip(f"no v4/v5 golden set at {root}")
-    return GoldenV4V5(root)
-
-
-@pytest.fixture(scope="module", params=("v4", "v5turbo", "v5dev", "v3"))
-def family(request: pytest.FixtureRequest, golden: GoldenV4V5) -> str:
-    if request.param not in golden.families:
-        pytest.skip(f"this golden set has no {request.param} data")
-    return str(request.param)
+def decoder(golden_v4v5: GoldenV4V5, family: str) -> DiffusionDecoder:
+    return DiffusionDecoder.load(golden_v4v5.sovits_file(family), golden_v4v5.vocoder_path(family), path="fp32")
 
 
 @pytest.fixture(scope="module")
-def decoder(golden: GoldenV4V5, family: str) -> DiffusionDecoder:
-    return DiffusionDecoder.load(golden.sovits_file(family), golden.vocoder_path(family), path="fp32")
-
-
-@pytest.fixture(scope="module")
-def io(golden: GoldenV4V5, family: str) -> dict[str, torch.Tensor]:
-    return golden.io(family)
+def io(golden_v4v5: GoldenV4V5, family: str) -> dict[str, torch.Tensor]:
+    return golden_v4v5.io(family)
 
 
 def _chunks(io: dict[str, torch.Tensor]) -> int:
@@ -76,26 +61,26 @@ def _noise(io: dict[str, torch.Tensor]) -> cfm.NoiseSource:
     return draw
 
 
-def test_tolerances_cover_the_sets_precision(golden: GoldenV4V5, family: str) -> None:
-    f64 = golden.fp64(family)
+def test_tolerances_cover_the_sets_precision(golden_v4v5: GoldenV4V5, family: str) -> None:
+    f64 = golden_v4v5.fp64(family)
     assert MARGIN * f64["fea_ref_max_abs_diff"] < ATOL_ENCODER
     assert MARGIN * f64["dit_v_max_abs_diff"] < ATOL_ENCODER
     assert MARGIN * f64["cfm_chunk0_max_abs_diff"] < ATOL_MEL
     assert MARGIN * f64["vocoder_wav_max_abs_diff"] < ATOL_WAV
-    assert MARGIN * golden.ref_fp64["mel32k_log_max_abs_diff"] < ATOL_FRONT_END
+    assert MARGIN * golden_v4v5.ref_fp64["mel32k_log_max_abs_diff"] < ATOL_FRONT_END
 
 
-def test_family_and_defaults_match_upstream(golden: GoldenV4V5, family: str, decoder: DiffusionDecoder) -> None:
-    meta = golden.sovits_meta(family)
+def test_family_and_defaults_match_upstream(golden_v4v5: GoldenV4V5, family: str, decoder: DiffusionDecoder) -> None:
+    meta = golden_v4v5.sovits_meta(family)
     assert decoder.family.name == family
     assert check_sampling(decoder.family, None, None) == tuple(meta["sampling_defaults"])
     assert decoder.family.step_embedding == meta["has_d_embed"]
-    assert decoder.sample_rate == golden.meta["vocoders"][golden.vocoder_key(family)]["vocoder_configs"]["sr"]
+    assert decoder.sample_rate == golden_v4v5.meta["vocoders"][golden_v4v5.vocoder_key(family)]["vocoder_configs"]["sr"]
 
 
 @torch.inference_mode()
-def test_reference_mel_front_end(golden: GoldenV4V5, family: str) -> None:
-    ref = golden.ref
+def test_reference_mel_front_end(golden_v4v5: GoldenV4V5, family: str) -> None:
+    ref = golden_v4v5.ref
     spec = family_spec(family)
     key = f"wav{spec.mel_rate // 1000}k"
     wav = resample(ref["raw_wav"], int(ref["raw_sr"]), spec.mel_rate)
@@ -105,8 +90,8 @@ def test_reference_mel_front_end(golden: GoldenV4V5, family: str) -> None:
 
 
 @torch.inference_mode()
-def test_encoder_outputs(golden: GoldenV4V5, decoder: DiffusionDecoder, io: dict[str, torch.Tensor]) -> None:
-    ref, sovits = golden.ref, decoder.sovits
+def test_encoder_outputs(golden_v4v5: GoldenV4V5, decoder: DiffusionDecoder, io: dict[str, torch.Tensor]) -> None:
+    ref, sovits = golden_v4v5.ref, decoder.sovits
     ge = sovits.ref_style(ref["refer_spec"])
     _close(ge, io["ge"], ATOL_ENCODER)
     enc_p_x, fea_ref = sovits.encode(ref["ref_codes"], ref["ref_phones"], io["ge"])
@@ -137,9 +122,9 @@ def test_one_dit_velocity(decoder: DiffusionDecoder, io: dict[str, torch.Tensor]
 
 
 @torch.inference_mode()
-def test_each_sampler_call(golden: GoldenV4V5, family: str, decoder: DiffusionDecoder,
+def test_each_sampler_call(golden_v4v5: GoldenV4V5, family: str, decoder: DiffusionDecoder,
                            io: dict[str, torch.Tensor]) -> None:
-    run = golden.run(family, "default")
+    run = golden_v4v5.run(family, "default")
     for k, call in enumerate(run["cfm_call_args"]):
         out = sample(decoder.sovits.dit, io[f"chunk{k}_mu"], io[f"chunk{k}_prompt"], call["n_timesteps"],
                      decoder.family, call["inference_cfg_rate"], io[f"chunk{k}_noise"])
@@ -148,10 +133,10 @@ def test_each_sampler_call(golden: GoldenV4V5, family: str, decoder: DiffusionDe
 
 
 @torch.inference_mode()
-def test_chunking_of_a_long_target(golden: GoldenV4V5, family: str, decoder: DiffusionDecoder,
+def test_chunking_of_a_long_target(golden_v4v5: GoldenV4V5, family: str, decoder: DiffusionDecoder,
                                    io: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch) -> None:
     """Every chunk's features and prompt, given upstream's outputs for the chunks before it."""
-    run = golden.run(family, "default")
+    run = golden_v4v5.run(family, "default")
     assert _chunks(io) == run["n_chunks"] >= 2
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -160,7 +145,7 @@ def test_chunking_of_a_long_target(golden: GoldenV4V5, family: str, decoder: Dif
         return io[f"chunk{len(seen) - 1}_cfm_out"]
 
     monkeypatch.setattr(cfm, "sample", replay)
-    mel = _ref_mel(golden, family)
+    mel = _ref_mel(golden_v4v5, family)
     prompt = MelPrompt.from_reference(io["fea_ref"], mel, decoder.family)
     steps, rate = check_sampling(decoder.family, None, None)
     synthesize_mel(decoder.sovits.dit, prompt, io["fea_todo"], decoder.family, steps, rate)
@@ -171,16 +156,16 @@ def test_chunking_of_a_long_target(golden: GoldenV4V5, family: str, decoder: Dif
         _close(p, io[f"chunk{k}_prompt"], ATOL_ENCODER)
 
 
-def _ref_mel(golden: GoldenV4V5, family: str) -> torch.Tensor:
+def _ref_mel(golden_v4v5: GoldenV4V5, family: str) -> torch.Tensor:
     """The stored reference log-mel of the family's rate, normalised."""
-    return norm_spec(golden.ref[f"mel{family_spec(family).mel_rate // 1000}k_log"])
+    return norm_spec(golden_v4v5.ref[f"mel{family_spec(family).mel_rate // 1000}k_log"])
 
 
 @torch.inference_mode()
-def test_sampled_mel_with_fewer_steps(golden: GoldenV4V5, family: str, decoder: DiffusionDecoder,
+def test_sampled_mel_with_fewer_steps(golden_v4v5: GoldenV4V5, family: str, decoder: DiffusionDecoder,
                                       io: dict[str, torch.Tensor]) -> None:
-    run = golden.run(family, "few")
-    prompt = MelPrompt.from_reference(io["fea_ref"], _ref_mel(golden, family), decoder.family)
+    run = golden_v4v5.run(family, "few")
+    prompt = MelPrompt.from_reference(io["fea_ref"], _ref_mel(golden_v4v5, family), decoder.family)
     mel = synthesize_mel(decoder.sovits.dit, prompt, io["fea_todo"], decoder.family, run["steps"], run["cfg"],
                          _noise(io))
     _close(mel, io["few_mel"], ATOL_MEL)
@@ -193,13 +178,13 @@ def test_vocoder(decoder: DiffusionDecoder, io: dict[str, torch.Tensor]) -> None
 
 
 @torch.inference_mode()
-def test_end_to_end_from_the_raw_reference(golden: GoldenV4V5, family: str, decoder: DiffusionDecoder,
+def test_end_to_end_from_the_raw_reference(golden_v4v5: GoldenV4V5, family: str, decoder: DiffusionDecoder,
                                            io: dict[str, torch.Tensor]) -> None:
     """Raw 44.1 kHz clip + tokens + phones -> waveform, default steps and guidance, upstream's noise."""
-    ref = golden.ref
-    run = golden.run(family, "default")
+    ref = golden_v4v5.ref
+    run = golden_v4v5.run(family, "default")
     voice = decoder.prompt(ref["raw_wav"], int(ref["raw_sr"]), ref["ref_codes"], ref["ref_phones"])
-    assert voice.prompt.frames == golden.sovits_meta(family)["prompt_frames"]
+    assert voice.prompt.frames == golden_v4v5.sovits_meta(family)["prompt_frames"]
     mel = decoder.mel(ref["tgt_codes"], ref["tgt_phones"], voice, noise=_noise(io))
     assert check_sampling(decoder.family, None, None) == (run["steps"], run["cfg"])
     _close(mel, io["default_mel"], ATOL_MEL)
@@ -209,11 +194,11 @@ def test_end_to_end_from_the_raw_reference(golden: GoldenV4V5, family: str, deco
 
 
 @torch.inference_mode()
-def test_streamed_pieces_join_to_the_whole_waveform(golden: GoldenV4V5, family: str, decoder: DiffusionDecoder,
+def test_streamed_pieces_join_to_the_whole_waveform(golden_v4v5: GoldenV4V5, family: str, decoder: DiffusionDecoder,
                                                     io: dict[str, torch.Tensor]) -> None:
     """One piece per sampler chunk, the first before the second chunk is sampled; joined, upstream's waveform."""
-    ref = golden.ref
+    ref = golden_v4v5.ref
     voice = decoder.prompt(ref["raw_wav"], int(ref["raw_sr"]), ref["ref_codes"], ref["ref_phones"])
     pieces = list(decoder.stream(ref["tgt_codes"], ref["tgt_phones"], voice, noise=_noise(io)))
-    assert len(pieces) == golden.run(family, "default")["n_chunks"]
+    assert len(pieces) == golden_v4v5.run(family, "default")["n_chunks"]
     _close(torch.cat(pieces), io["default_wav"], ATOL_WAV)

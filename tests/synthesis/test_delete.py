@@ -206,7 +206,8 @@ async def test_a_request_in_flight_during_the_delete_writes_nothing_after_it(syn
         await synth.voicing.delete(voice.id)
         rest = [c async for c in stream]  # it runs to its end with the voice it holds
     assert rest  # (it was really in flight)
-    assert _entries(synth.cache) == 0
+    await synth.cache.drain()  # (its writes are queued: every one tried, after the delete)
+    assert _entries(synth.cache.store) == 0
     assert files_under(synth.voices.root) == []
 
 
@@ -218,11 +219,13 @@ async def test_forget_me_during_a_precompute_leaves_no_entry(synth):
     async with asyncio.timeout(HANG_GUARD_S):
         while not progress:  # under way, with entries already written
             await asyncio.sleep(0.01)
-        assert _entries(synth.cache) > 0
+        await synth.cache.drain()  # (its writes are queued)
+        assert _entries(synth.cache.store) > 0
         await synth.voicing.delete(voice.id)
         await asyncio.gather(task, return_exceptions=True)
         while synth.worker.queue_depth:  # whatever the worker still held has ended
             await asyncio.sleep(0.01)
     assert task.cancelled() and progress[-1] < 1.0
-    assert _entries(synth.cache) == 0
+    await synth.cache.drain()
+    assert _entries(synth.cache.store) == 0
     assert files_under(synth.voices.root) == []

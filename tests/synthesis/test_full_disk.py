@@ -131,10 +131,11 @@ async def test_a_cache_write_the_disk_refuses_never_fails_speech(synth, monkeypa
     def full(*args, **kwargs):  # what SQLite raises on a full disk
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(synth.cache._prosody, "set", full)
-    monkeypatch.setattr(synth.cache._audio, "set", full)
+    monkeypatch.setattr(synth.cache.store._prosody, "set", full)
+    monkeypatch.setattr(synth.cache.store._audio, "set", full)
     with caplog.at_level(logging.WARNING, logger="synthesis.cache"):
         chunks = await _speak(synth, "The weather is nice today. We should go for a walk.")
+        await synth.cache.drain()  # (the writes are queued: every one tried)
     assert {c.index for c in chunks} == {0, 1} and all(np.abs(c.audio).max() > 0 for c in chunks)
     failures = synth.metrics()["cache_write_failures"]
     assert failures >= 4  # two sentences, each a prosody and an audio entry
@@ -142,8 +143,9 @@ async def test_a_cache_write_the_disk_refuses_never_fails_speech(synth, monkeypa
     assert len(lines) == 1 and "\n" not in lines[0].getMessage() and lines[0].exc_info is None  # one line
     monkeypatch.undo()
     again = await _speak(synth, "The weather is nice today.")  # space again: entries are stored
+    await synth.cache.drain()
     assert again and synth.metrics()["cache_write_failures"] == failures
-    assert synth.cache.stats()["audio"]["entries"] >= 1
+    assert (await synth.cache.stats())["audio"]["entries"] >= 1
 
 
 async def test_serve_starts_and_speaks_on_a_full_disk(disk: Path, tiny_config):
@@ -160,6 +162,7 @@ async def test_serve_starts_and_speaks_on_a_full_disk(disk: Path, tiny_config):
     try:
         chunks = await _speak(s, "The weather is nice today. We should go for a walk.")
         assert {c.index for c in chunks} == {0, 1} and all(np.abs(c.audio).max() > 0 for c in chunks)
+        await s.cache.drain()  # (the writes are queued: every one tried)
         assert s.metrics()["cache_write_failures"] >= 2
     finally:
         await s.close()

@@ -161,7 +161,8 @@ async def test_first_words_play_before_the_first_sentence_is_decoded(synth, voic
     for join in joins:
         assert steps[join - 2: join + 2].max() <= 4 * np.percentile(steps, 99.9)
     # the same text again with only its prosody cached: the same early chunk, the same audio, bit for bit
-    synth.cache._audio.clear()  # white-box: drop the audio cache, keep the prosody cache
+    await synth.cache.drain()  # (the writes are queued: all of them in first)
+    synth.cache.store._audio.clear()  # white-box: drop the audio cache, keep the prosody cache
     again = await collect(synth, text, voice)
     assert again[0].timings.get("partial") == 1.0 and again[-1].timings["prosody_hit"] == 1.0
     assert np.array_equal(by_sentence(again)[0], whole)
@@ -196,9 +197,11 @@ async def test_first_words_come_early_at_another_speed(synth, voice, speed, toke
     tokens = (by_sentence(await collect(synth, text, voice))[0].size - int(0.3 * 32000)) // 1280
     assert whole.size % FRAME_SAMPLES == 0
     assert abs(whole.size - token_sample(tokens, tokens, speed)) <= len(joins) * FRAME_SAMPLES
-    synth.cache._audio.clear()  # white-box: the prosody cache alone gives the same samples again
+    await synth.cache.drain()  # (the writes are queued: all of them in first)
+    synth.cache.store._audio.clear()  # white-box: the prosody cache alone gives the same samples again
     assert np.array_equal(by_sentence(await collect(synth, text, voice, faster))[0][:whole.size], whole)
-    synth.cache._audio.clear()
+    await synth.cache.drain()
+    synth.cache.store._audio.clear()
     fastest = await collect(synth, text, voice, dataclasses.replace(SEEDED, speed=EARLY_MAX_SPEED * 1.1))
     assert all(c.timings.get("partial") is None for c in fastest)
 
@@ -238,7 +241,8 @@ async def test_a_prosody_hit_vocodes_the_first_window_first(synth, voice):
     text = ("This first sentence is long enough to need many semantic tokens from the model. "
             "A second sentence follows it.")
     await collect(synth, text, voice)
-    synth.cache._audio.clear()  # white-box: drop the audio cache, keep the prosody cache
+    await synth.cache.drain()  # (the writes are queued: all of them in first)
+    synth.cache.store._audio.clear()  # white-box: drop the audio cache, keep the prosody cache
     decoded = []
     decode = synth.stages.decode
 
@@ -267,7 +271,8 @@ async def test_first_words_come_early_only_while_no_other_request_speaks(synth, 
     synth.limits = dataclasses.replace(synth.limits, first_chunk_tokens=12)
     alone = [await collect(synth, t, voice) for t in TWO_LONG]
     assert all(chunks[0].timings.get("partial") == 1.0 for chunks in alone)
-    synth.cache.invalidate_voice(voice.id)
+    await synth.cache.drain()  # (the writes are queued: all of them in before the removal)
+    synth.cache.store.invalidate_voice(voice.id)
     together = await collect_together(synth, TWO_LONG, voice)
     assert all(c.timings.get("partial") is None for chunks in together for c in chunks)
     for a, b in zip(alone, together):
@@ -292,7 +297,8 @@ async def test_without_a_seed_no_window_is_decoded_beside_another_request(spied,
     alone = await collect(synth, TWO_LONG[0], voice, unseeded)
     assert alone[0].timings.get("partial") == 1.0
     assert synth.engine.events.count("decode") >= 2  # alone: its windows were decoded, then the rest
-    synth.cache.invalidate_voice(voice.id)  # (a random sample is stored and would be served again)
+    await synth.cache.drain()  # (the writes are queued: all of them in before the removal)
+    synth.cache.store.invalidate_voice(voice.id)  # (a random sample is stored and would be served again)
     synth.engine.events.clear()
     together = await collect_together(synth, TWO_LONG, voice, unseeded)
     assert all(c.timings.get("partial") is None for chunks in together for c in chunks)
@@ -308,7 +314,8 @@ async def test_a_request_already_speaking_keeps_its_early_words(synth, voice):
     alone = await collect(synth, first, voice)
     partials = sum(1 for c in alone if c.timings.get("partial"))
     assert partials >= 2  # (a first window, and more)
-    synth.cache.invalidate_voice(voice.id)
+    await synth.cache.drain()  # (the writes are queued: all of them in before the removal)
+    synth.cache.store.invalidate_voice(voice.id)
     chunks, late = [], None
     async for c in synth.stream(first, voice, SEEDED):
         chunks.append(c)
@@ -367,10 +374,10 @@ async def test_voice_delete_leaves_nothing(synth, voice, tiny_config):
     assert before  # the voice's files exist
     await collect(synth, "Something to cache.", voice)
     key = synth.stages.prosody_key(voice, text_to_phonemes("Something to cache.", "en"), SEEDED)
-    assert synth.cache.get_tokens(key) is not None
+    assert await synth.cache.get_tokens(key) is not None
     await synth.voicing.delete(voice.id)
     assert not _files(tiny_config.voices.dir) and synth.voices.list() == []
-    assert synth.cache.get_tokens(key) is None
+    assert await synth.cache.get_tokens(key) is None
 
 
 async def test_first_chunk_arrives_before_the_last_sentence_is_computed(spied):
@@ -412,8 +419,9 @@ async def test_concurrent_voices_never_mix(synth):
         voices.append(v)
     texts = [f"Voice {i} says hello to the room." for i in range(8)]
     alone = [by_sentence(await collect(synth, t, v)) for t, v in zip(texts, voices)]
+    await synth.cache.drain()  # (the writes are queued: all of them in before the removal)
     for v in voices:
-        synth.cache.invalidate_voice(v.id)
+        synth.cache.store.invalidate_voice(v.id)
     together = await asyncio.gather(*(collect(synth, t, v) for t, v in zip(texts, voices)))
     for a, b in zip(alone, together):
         b = by_sentence(b)

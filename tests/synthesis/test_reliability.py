@@ -265,7 +265,8 @@ async def test_without_reuse_random_a_random_seed_request_is_neither_stored_nor_
             kind, chunks = await _outcome(s.stream("A fresh draw every time.", v, random))
             assert kind == "done" and chunks[-1].timings["prosody_hit"] == 0.0
             assert s.worker.gpt_steps > steps  # the GPT ran again: nothing was served from the cache
-        assert s.cache.stats()["prosody"]["entries"] == 0 and s.cache.stats()["audio"]["entries"] == 0
+        stats = await s.cache.stats()
+        assert stats["prosody"]["entries"] == 0 and stats["audio"]["entries"] == 0
         assert await s.voicing.precompute(v, ["Hello there."]) == 0  # a precompute could never be served: skipped
         kind, _ = await _outcome(s.stream("Seeded is deterministic.", v, SEEDED))
         again = (await _outcome(s.stream("Seeded is deterministic.", v, SEEDED)))[1]

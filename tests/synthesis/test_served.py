@@ -12,7 +12,8 @@ import pytest
 
 pytest.importorskip("ray", reason="ray[serve] is not installed: pip install 'voicebot[cluster]'")
 
-from synthesis.cache import SynthesisCache  # noqa: E402
+from synthesis.cache import SynthesisCache, VoiceCache  # noqa: E402
+from synthesis.cache_lane import CacheLane, SpeechCache  # noqa: E402
 from synthesis.cluster.storage import ServedCache, ServedVoices, StorageActor  # noqa: E402
 from synthesis.types import VoiceNotFound  # noqa: E402
 from synthesis.voices import VoiceStore  # noqa: E402
@@ -36,6 +37,12 @@ class Direct:
 
     send = call
 
+    async def acall(self, method: str, *args: Any) -> Any:
+        return self.call(method, *args)
+
+    def sending(self) -> list:
+        return []  # (every store is done when send returns)
+
 
 @pytest.fixture
 def served(tmp_path: Path):
@@ -45,21 +52,27 @@ def served(tmp_path: Path):
 
     actor = StorageActor(open_stores, str(tmp_path / "cache" / "replicas"))
     link = Direct(actor)
-    cache = ServedCache(link, actor.cache.dir, reuse_random=actor.cache.reuse_random)  # type: ignore[arg-type]
+    cache = ServedCache(link, reuse_random=actor.cache.reuse_random)  # type: ignore[arg-type]
     yield actor, link, ServedVoices(link, actor.voices.root, cache), cache  # type: ignore[arg-type]
     actor.voices.close()
     actor.cache.close()
 
 
-def test_the_stand_ins_override_every_public_method_of_what_they_stand_in_for():
-    # (cacheable is pure: the seed policy, from reuse_random; forget_deleted too: the held arrays and present();
-    # lookup calls get, then find)
-    for base, stand_in, pure in ((VoiceStore, ServedVoices, {"forget_deleted", "lookup"}),
-                                 (SynthesisCache, ServedCache, {"cacheable"})):
-        public = {n for n, v in inspect.getmembers(base, inspect.isfunction) if not n.startswith("_")}
-        own = {n for n in vars(stand_in) if not n.startswith("_")}
-        static = {n for n in public if isinstance(inspect.getattr_static(base, n), staticmethod)}
-        assert public - static - own == pure, "a stand-in would reach for files it does not have"
+def test_the_stand_ins_override_every_public_method_of_what_they_stand_in_for(served):
+    # (forget_deleted is pure: the held arrays and present(); lookup calls get, then find)
+    public = {n for n, v in inspect.getmembers(VoiceStore, inspect.isfunction) if not n.startswith("_")}
+    own = {n for n in vars(ServedVoices) if not n.startswith("_")}
+    static = {n for n in public if isinstance(inspect.getattr_static(VoiceStore, n), staticmethod)}
+    assert public - static - own == {"forget_deleted", "lookup"}, "a stand-in would reach for files it does not have"
+    # the caches' stand-in is what the stages and the voice store ask of a cache, coroutines where the local one's are
+    *_, cache = served
+    for face in (SpeechCache, VoiceCache):
+        for name in (n for n in vars(face) if not n.startswith("_")):
+            assert hasattr(cache, name), name
+            awaited = inspect.iscoroutinefunction(getattr(face, name, None))
+            assert inspect.iscoroutinefunction(getattr(cache, name)) == awaited, name
+            if face is SpeechCache:
+                assert inspect.iscoroutinefunction(getattr(CacheLane, name)) == awaited, name
 
 
 def test_a_voices_arrays_travel_once_per_version_and_go_with_a_replace_or_delete(served):
@@ -90,18 +103,19 @@ def test_a_voice_looked_up_by_id_or_name_comes_from_the_actor_as_locally(served)
     assert actor.voices.lookup("Alice").id == made.id  # the store's own, on the actor's side
 
 
-def test_cache_calls_reach_the_actors_cache_and_a_deleted_voice_is_refused(served):
+async def test_cache_calls_reach_the_actors_cache_and_a_deleted_voice_is_refused(served):
     actor, _, voices, cache = served
     made = create(actor.voices)
-    cache.put_tokens("k", np.arange(5), made.id)
-    cache.put_audio("a", np.ones(8, np.float32), made.id)
-    assert np.array_equal(cache.get_tokens("k"), np.arange(5)) and np.array_equal(actor.cache.get_audio("a"),
-                                                                                   np.ones(8, np.float32))
-    audio = cache.get_audio("a")
+    await cache.put_tokens("k", np.arange(5), made.id)
+    await cache.put_audio("a", np.ones(8, np.float32), made.id)
+    assert np.array_equal(await cache.get_tokens("k"), np.arange(5))
+    assert np.array_equal(actor.cache.get_audio("a"), np.ones(8, np.float32))
+    audio = await cache.get_audio("a")
     assert audio is not None and audio.flags.writeable
+    assert (await cache.stats())["prosody"]["entries"] == 1
     removed = voices.delete(made.id)
-    assert removed.cache_entries == 2 and cache.get_tokens("k") is None and cache.is_retired(made.id)
-    cache.put_tokens("k", np.arange(5), made.id)  # a request in flight when its voice went
+    assert removed.cache_entries == 2 and await cache.get_tokens("k") is None and cache.is_retired(made.id)
+    await cache.put_tokens("k", np.arange(5), made.id)  # a request in flight when its voice went
     assert actor.cache.get_tokens("k") is None
 
 

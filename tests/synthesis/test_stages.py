@@ -72,7 +72,7 @@ async def test_prosody_waits_for_the_sentence_before(synth, voice):
 async def test_vocode_decodes_fades_and_caches(synth, voice):
     job = _job(voice)
     await synth.stages.phonemize(job)
-    assert not synth.stages.cached_audio(job)
+    assert not await synth.stages.cached_audio(job)
     await synth.stages.prosody(job)
     await synth.stages.vocode(job)
     assert job.audio is not None and job.audio.dtype == np.float32
@@ -80,7 +80,7 @@ async def test_vocode_decodes_fades_and_caches(synth, voice):
     assert job.audio[0] == 0.0 and abs(job.audio[-1]) < 1e-3 and job.timings["sovits_s"] > 0
     hit = _job(voice)
     await synth.stages.phonemize(hit)
-    assert synth.stages.cached_audio(hit)  # the audio cache now holds the sentence, bit for bit
+    assert await synth.stages.cached_audio(hit)  # the audio cache now holds the sentence, bit for bit
     assert np.array_equal(hit.audio, job.audio) and hit.timings["audio_hit"] == hit.timings["prosody_hit"] == 1.0
 
 

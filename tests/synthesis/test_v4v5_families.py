@@ -44,7 +44,7 @@ async def test_say_speaks_the_familys_rate_equal_to_the_engines_decode(sets, tmp
         rms = float(np.sqrt(np.mean(audio.astype(np.float64) ** 2)))
         assert audio.size >= rate // 4 and np.all(np.isfinite(audio)) and rms > 0.01  # heard, not silence
         ph = text_to_phonemes(SENTENCE, "en")
-        tokens = synth.stages.cache.get_tokens(synth.stages.prosody_key(voice, ph, params))
+        tokens = await synth.stages.cache.get_tokens(synth.stages.prosody_key(voice, ph, params))
         assert tokens is not None
         seed = sentence_seed(params.seed, ph.norm_text)
         direct = await synth.worker.call(lambda: engine.decode(tokens, ph.ids, voice.prompt, seed=seed))

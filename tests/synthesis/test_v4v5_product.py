@@ -82,7 +82,7 @@ async def test_say_speaks_48k_audio_equal_to_the_engines_decode(sets, tmp_path, 
         # the same sentence through the engine directly: the tokens the pipeline cached, the sentence's seed
         ph = text_to_phonemes(SENTENCE, "en")
         key = synth.stages.prosody_key(voice, ph, params)
-        tokens = synth.stages.cache.get_tokens(key)
+        tokens = await synth.stages.cache.get_tokens(key)
         assert tokens is not None and audio.size == tokens.size * 4 * 480  # 4 mel frames a token, 480 samples each
         seed = sentence_seed(params.seed, ph.norm_text)
         direct = await synth.worker.call(lambda: engine.decode(tokens, ph.ids, voice.prompt, 1.0, 0.5, seed))

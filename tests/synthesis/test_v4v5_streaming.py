@@ -34,7 +34,7 @@ def _long_tokens(synth, voice, params) -> tuple[np.ndarray, np.ndarray, int]:
     (tokens, phones, the sentence's seed)."""
     ph = text_to_phonemes(LONG, "en")
     tokens = (np.arange(TOKENS, dtype=np.int64) * 7) % 64
-    synth.stages.cache.put_tokens(synth.stages.prosody_key(voice, ph, params), tokens, voice.id)
+    synth.cache.store.put_tokens(synth.stages.prosody_key(voice, ph, params), tokens, voice.id)  # (before any lookup)
     return tokens, ph.ids, sentence_seed(params.seed, ph.norm_text)
 
 

@@ -120,7 +120,7 @@ async def test_a_style_is_its_own_prompt_chosen_per_request_and_deleted_with_the
     assert synth.counters["audio_hit"] == 1
     removed = await synth.voicing.delete(voice.id)
     assert removed.cache_entries >= 2 and any(f.startswith("style-") for f in removed.files)
-    assert len(synth.cache._prosody) == 0 and len(synth.cache._audio) == 0
+    assert len(synth.cache.store._prosody) == 0 and len(synth.cache.store._audio) == 0
 
 
 async def test_removing_a_style_and_its_limits(synth, voice):
