@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from engines.gpt_sovits.cfm import Estimator, MelPrompt, NoiseSource, check_sampling, iter_mel_chunks, synthesize_mel
-from engines.gpt_sovits.dit_checkpoint import load_dit_sovits_checkpoint, load_vocoder48k_checkpoint
+from engines.gpt_sovits.dit_checkpoint import is_lora_file, load_dit_sovits_checkpoint, load_vocoder48k_checkpoint
 from engines.gpt_sovits.dit_int8 import choose_estimator
 from engines.gpt_sovits.dit_naive import NaiveDiT
 from engines.gpt_sovits.family import FamilySpec
@@ -136,7 +136,8 @@ class DiffusionDecoder:
         if not on_cpu:
             return decoder
         if path == "fast":
-            decoder.estimator, decoder.precisions["dit"] = choose_estimator(sovits, sovits_path, cache_dir)
+            read = [sovits_path, *([sovits_base] if sovits_base is not None and is_lora_file(sovits_path) else [])]
+            decoder.estimator, decoder.precisions["dit"] = choose_estimator(sovits, read, cache_dir)
         if isinstance(vocoder, Vocoder48k) and _has_onnxruntime():
             from engines.gpt_sovits.vocoder_ort import OrtVocoder
 

@@ -25,7 +25,7 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -110,11 +110,11 @@ def prove_int8_dit(sovits: MelSoVITS, int8: cfm.Estimator) -> float:
     return mel_snr_db(ref, out)
 
 
-def proof_key(model_file: str | os.PathLike[str] | None) -> str:
-    """What a kept verdict holds for: the SoVITS file (name, size, modification time), torch's version (its int8
-    kernels), the bound, the recipe and the proof's inputs."""
+def proof_key(model_files: Sequence[str | os.PathLike[str]]) -> str:
+    """What a kept verdict holds for: the files the model was read from (each one's name, size, modification time:
+    a LoRA file and its base), torch's version (its int8 kernels), the bound, the recipe and the proof's inputs."""
     digest = hashlib.sha256()
-    if model_file is not None:
+    for model_file in model_files:
         st = Path(model_file).stat()
         digest.update(f"{Path(model_file).name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     digest.update(f"{torch.__version__}|{MIN_SNR_DB}|{QUANTISED}|{PROOF_STEPS}|{PROOF_TOKENS}|{PROOF_PHONES}|"
@@ -144,15 +144,16 @@ def _keep(record: Path, key: str, snr: float, bound: float) -> None:
         log.warning("could not keep the int8 DiT's proof in %s (%s): it runs again at the next start", record.parent, e)
 
 
-def choose_estimator(sovits: MelSoVITS, model_file: str | os.PathLike[str] | None,
+def choose_estimator(sovits: MelSoVITS, model_files: Sequence[str | os.PathLike[str]],
                      cache_dir: str | os.PathLike[str] | None, min_snr_db: float = MIN_SNR_DB) -> tuple[cfm.Estimator, str]:
     """The fast path's DiT for ``sovits``: ``(int8 copy, "int8")`` where its proof holds on this model, else
     ``(sovits.dit, "fp32")``, logged. On a GPU always fp32 (fbgemm's int8 is a CPU kernel).
 
     Parameters
     ----------
-    model_file:
-        the SoVITS file the model was read from (its identity keys the kept verdict).
+    model_files:
+        the files the model was read from: its SoVITS file, and a LoRA file's base (their identity keys the kept
+        verdict).
     cache_dir:
         where the verdict is kept (``dit-int8-<key>.json``); None: proven at every load, nothing kept.
     min_snr_db:
@@ -160,7 +161,7 @@ def choose_estimator(sovits: MelSoVITS, model_file: str | os.PathLike[str] | Non
     """
     if sovits.codebook.device.type != "cpu" or sovits.codebook.dtype != torch.float32:
         return sovits.dit, "fp32"
-    key = proof_key(model_file)
+    key = proof_key(model_files)
     record = Path(cache_dir) / f"dit-int8-{key}.json" if cache_dir is not None else None
     snr = _kept(record, key) if record is not None else None
     int8 = int8_dit(sovits.dit)

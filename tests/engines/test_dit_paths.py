@@ -156,11 +156,11 @@ def test_dit_proof_that_fails_keeps_fp32_and_logs(model_files: dict[str, Path], 
                                                   caplog: pytest.LogCaptureFixture) -> None:
     d = DiffusionDecoder.load(model_files["sovits"], model_files["vocoder"], path="fp32")
     with caplog.at_level(logging.WARNING, logger="engines.gpt_sovits.dit_int8"):
-        est, precision = dit_int8.choose_estimator(d.sovits, model_files["sovits"], tmp_path, min_snr_db=200.0)
+        est, precision = dit_int8.choose_estimator(d.sovits, [model_files["sovits"]], tmp_path, min_snr_db=200.0)
     assert precision == "fp32" and est is d.sovits.dit
     assert "the fp32 DiT runs" in caplog.text and "needs 200 dB" in caplog.text
     # the kept measurement says the same the next time, without proving
-    est, precision = dit_int8.choose_estimator(d.sovits, model_files["sovits"], tmp_path)
+    est, precision = dit_int8.choose_estimator(d.sovits, [model_files["sovits"]], tmp_path)
     assert precision == "int8"
 
 

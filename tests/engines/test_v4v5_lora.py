@@ -203,6 +203,30 @@ def test_the_decoder_loads_a_lora_through_its_base(lora_case: dict[str, Any]) ->
     assert torch.equal(decoder.sovits.state_dict()[q], fused)
 
 
+def test_the_int8_dit_proof_of_a_lora_is_made_again_when_its_base_changes(v4_lora: dict[str, Any], tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A LoRA's weights are its base's too: the kept int8 verdict holds for the pair, not for the LoRA file alone."""
+    import os
+
+    from engines.gpt_sovits import dit_int8
+    from engines.gpt_sovits.diffusion import DiffusionDecoder
+
+    proofs: list[int] = []
+    prove = dit_int8.prove_int8_dit
+    monkeypatch.setattr(dit_int8, "prove_int8_dit", lambda *a, **k: proofs.append(1) or prove(*a, **k))
+    base = tmp_path / "base.pth"
+    base.write_bytes(v4_lora["base"].read_bytes())
+    load = lambda: DiffusionDecoder.load(v4_lora["lora"], v4_lora["vocoder"], "v4", path="fast",  # noqa: E731
+                                         sovits_base=base, cache_dir=tmp_path / "proofs")
+    load()
+    load()
+    assert len(proofs) == 1  # kept for the pair
+    st = base.stat()
+    os.utime(base, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the base changed since
+    load()
+    assert len(proofs) == 2 and len(list((tmp_path / "proofs").glob("dit-int8-*.json"))) == 2
+
+
 def test_a_lora_without_its_base_is_one_line(lora_case: dict[str, Any], tmp_path: Path) -> None:
     family = lora_case["family"]
     with pytest.raises(ModelFormatError) as e:
