@@ -50,8 +50,9 @@ class _SnakeBeta(nn.Module):
 class _UpSample(nn.Module):
     """2x up-sampling by a zero-stuffing transposed conv with the stored low-pass (replicate-padded)."""
 
-    def __init__(self) -> None:
+    def __init__(self, channels: int) -> None:
         super().__init__()
+        self.channels = channels  # a constant, so that an ONNX export knows the grouped filter's shape
         self.register_buffer("filter", torch.zeros(1, 1, AA_KERNEL))
         self.pad = AA_KERNEL // AA_RATIO - 1
         self.cut_left = self.pad * AA_RATIO + (AA_KERNEL - AA_RATIO) // 2
@@ -60,7 +61,7 @@ class _UpSample(nn.Module):
     filter: Tensor
 
     def forward(self, x: Tensor) -> Tensor:
-        c = x.shape[1]
+        c = self.channels
         x = F.pad(x, (self.pad, self.pad), mode="replicate")
         x = AA_RATIO * F.conv_transpose1d(x, self.filter.expand(c, -1, -1), stride=AA_RATIO, groups=c)
         return x[..., self.cut_left : -self.cut_right]
@@ -69,22 +70,23 @@ class _UpSample(nn.Module):
 class _LowPass(nn.Module):
     """The down-sampler's low-pass conv with stride 2 (replicate-padded; key ``lowpass.filter``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, channels: int) -> None:
         super().__init__()
+        self.channels = channels  # (as in _UpSample)
         self.register_buffer("filter", torch.zeros(1, 1, AA_KERNEL))
 
     filter: Tensor
 
     def forward(self, x: Tensor) -> Tensor:
-        c = x.shape[1]
+        c = self.channels
         x = F.pad(x, (AA_KERNEL // 2 - 1, AA_KERNEL // 2), mode="replicate")
         return F.conv1d(x, self.filter.expand(c, -1, -1), stride=AA_RATIO, groups=c)
 
 
 class _DownSample(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, channels: int) -> None:
         super().__init__()
-        self.lowpass = _LowPass()
+        self.lowpass = _LowPass(channels)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.lowpass(x)
@@ -95,9 +97,9 @@ class _AntiAliased(nn.Module):
 
     def __init__(self, channels: int, logscale: bool) -> None:
         super().__init__()
-        self.upsample = _UpSample()
+        self.upsample = _UpSample(channels)
         self.act = _SnakeBeta(channels, logscale)
-        self.downsample = _DownSample()
+        self.downsample = _DownSample(channels)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.downsample(self.act(self.upsample(x)))

@@ -24,7 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from engines.gpt_sovits.cfm import Estimator, MelPrompt, NoiseSource, check_sampling, iter_mel_chunks, synthesize_mel
-from engines.gpt_sovits.dit_checkpoint import is_lora_file, load_dit_sovits_checkpoint, load_vocoder48k_checkpoint
+from engines.gpt_sovits.dit_checkpoint import (BIGVGAN_WEIGHTS, is_lora_file, load_dit_sovits_checkpoint,
+                                               load_vocoder48k_checkpoint)
 from engines.gpt_sovits.dit_int8 import choose_estimator
 from engines.gpt_sovits.dit_naive import NaiveDiT
 from engines.gpt_sovits.family import FamilySpec
@@ -138,12 +139,14 @@ class DiffusionDecoder:
         if path == "fast":
             read = [sovits_path, *([sovits_base] if sovits_base is not None and is_lora_file(sovits_path) else [])]
             decoder.estimator, decoder.precisions["dit"] = choose_estimator(sovits, read, cache_dir)
-        if isinstance(vocoder, Vocoder48k) and _has_onnxruntime():
+        if _has_onnxruntime():  # (both vocoders: the 48 kHz HiFi-GAN and v3's BigVGAN)
             from engines.gpt_sovits.vocoder_ort import OrtVocoder
 
             spec = sovits.family
-            ort_vocoder = OrtVocoder.from_module(vocoder, threads, int8=path == "fast", cache_dir=cache_dir,
-                                                 source=vocoder_path,
+            # v3's BigVGAN stays fp32: its int8 blocks missed the proof at the released size, after minutes of work
+            int8 = path == "fast" and isinstance(vocoder, Vocoder48k)
+            weights = Path(vocoder_path) / BIGVGAN_WEIGHTS if Path(vocoder_path).is_dir() else vocoder_path  # v3: a folder
+            ort_vocoder = OrtVocoder.from_module(vocoder, threads, int8=int8, cache_dir=cache_dir, source=weights,
                                                  mel_front_end=(spec.mel_rate, spec.mel_fft, spec.mel_hop))
             decoder.vocoder, decoder.precisions["vocoder"] = ort_vocoder, ort_vocoder.precision
         return decoder

@@ -1,5 +1,5 @@
-"""The 48 kHz vocoder of v4/v5 under ONNX Runtime on CPUs: fp32 (the same samples to float rounding), and int8
-residual blocks where a proof on the loaded model holds.
+"""The vocoders of the diffusion families (v4/v5's 48 kHz HiFi-GAN, v3's 24 kHz BigVGAN) under ONNX Runtime on CPUs:
+fp32 (the same samples to float rounding), and int8 residual blocks where a proof on the loaded model holds.
 
 Why: the HiFi-GAN does about 65 GFLOP per second of 48 kHz audio (released size), nearly all of it in 1-D
 convolutions, which torch's eager CPU path runs well below what ONNX Runtime's kernels reach on the same cores (the
@@ -115,12 +115,31 @@ class OrtVocoder:
         notes), kept in ``cache_dir`` keyed by ``source`` (the vocoder file) and the runtimes' versions; else fp32.
         ``mel_front_end`` is ``(rate, n_fft, hop)`` of the family's mel, for the synthetic calibration mels.
         """
-        graph = _export(vocoder)
+        graph = _export(vocoder) if cache_dir is None else _kept_graph(vocoder, Path(cache_dir), source)
         if int8 and cache_dir is not None:
             made = _int8_graph(graph, Path(cache_dir), source, mel_front_end, threads, min_snr_db)
             if made is not None:
                 return cls(_session(str(made), threads), "int8")
         return cls(_session(graph, threads), "fp32")
+
+
+def _kept_graph(vocoder: nn.Module, folder: Path, source: str | os.PathLike[str] | None) -> bytes:
+    """:func:`_export`'s graph, kept in ``folder`` keyed by the vocoder file: tracing v3's BigVGAN takes tens of
+    seconds, which a restart should not pay again."""
+    path = folder / f"vocoder-fp32-{_key(source)}.onnx"
+    try:
+        return path.read_bytes()
+    except OSError:
+        pass
+    graph = _export(vocoder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(graph)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not keep the vocoder's graph in %s (%s): it is traced again at the next start", folder, e)
+    return graph
 
 
 def _key(source: str | os.PathLike[str] | None) -> str:

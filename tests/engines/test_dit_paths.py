@@ -193,3 +193,23 @@ def test_no_cache_folder_proves_the_dit_and_keeps_the_fp32_vocoder(model_files: 
     calls = _counting(monkeypatch, dit_int8, "prove_int8_dit")
     d = DiffusionDecoder.load(model_files["sovits"], model_files["vocoder"])
     assert d.precisions == {"dit": "int8", "vocoder": "fp32"} and len(calls) == 1
+
+
+def test_v3_bigvgan_runs_under_onnx_runtime_in_fp32_its_graph_kept(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """v3's BigVGAN is exported (its anti-aliasing filters grouped per channel as constants), runs the same samples as
+    torch's to float rounding, stays fp32 (no int8 attempt), and its graph is kept so a restart does not trace it."""
+    files = write_dit_family(tmp_path / "models", "v3", "tiny", seed=3, atomic=_atomic)
+    traced = _counting(monkeypatch, vocoder_ort, "_export")
+    quantised = _counting(monkeypatch, vocoder_ort, "_make_int8")
+    cache = tmp_path / "cache"
+    fast = DiffusionDecoder.load(files["sovits"], files["vocoder"], path="fast", cache_dir=cache)
+    assert isinstance(fast.vocoder, vocoder_ort.OrtVocoder) and fast.precisions["vocoder"] == "fp32"
+    assert len(traced) == 1 and not quantised and len(list(cache.glob("vocoder-fp32-*.onnx"))) == 1
+    DiffusionDecoder.load(files["sovits"], files["vocoder"], path="fast", cache_dir=cache)
+    assert len(traced) == 1  # the kept graph
+    naive = DiffusionDecoder.load(files["sovits"], files["vocoder"], path="naive")
+    mel = torch.randn(1, 100, 40) - 4
+    with torch.inference_mode():
+        ref, got = naive.vocoder(mel), fast.vocoder(mel)
+    assert got.shape == ref.shape and float((got - ref).abs().max()) <= ATOL_WAV
