@@ -63,9 +63,11 @@ def connect_cluster(build: Build, open_stores: Callable[[], Stores], options: Cl
     voices, cache = open_stores()
     report_dir = cache.dir / "replicas"
     if not ray.is_initialized():
-        address = None if options.address == "local" else options.address
         try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            # a cluster started here runs its replicas at the bot's priority (Ray's default is nice 15: starved by
+            # any busy process on the machine)
+            local = {"_system_config": {"worker_niceness": 0}} if options.address == "local" else {}
+            ray.init(address=options.address, log_to_driver=False, configure_logging=False, **local)
         except ConnectionError as e:
             raise SpeechError(f"cannot reach the Ray cluster at ray.address={options.address!r}: {e}; start it "
                               "(`make cluster`, or `ray start --head` on the head node) or fix the address") from e

@@ -43,7 +43,10 @@ class LocalCluster:
         self.port = port or free_port()
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                                             os.environ.get("PYTHONPATH")])),
-                    "RAY_USAGE_STATS_ENABLED": "0"}
+                    "RAY_USAGE_STATS_ENABLED": "0",
+                    # Ray runs its workers at nice 15 by default: a replica beside any busy process then gets a few
+                    # per cent of a core and speaks late (see the README's cluster section)
+                    "RAY_worker_niceness": "0"}
 
     @property
     def address(self) -> str:
