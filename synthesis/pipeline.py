@@ -1,10 +1,13 @@
 """``Synthesizer.stream``: the hot path from text to audio chunks, sentence by sentence.
 
 Each sentence is one :class:`~synthesis.stages.SentenceJob` through the stages of :mod:`synthesis.stages`:
-``phonemize -> prosody (cache | GPT) -> vocode (cache | SoVITS) -> finish``. One producer turns the text into a
-render task per sentence, up to ``LOOKAHEAD`` ahead of the one being yielded, so the GPT of sentence i+1 runs while
-sentence i is being decoded and played. Every request is independent: the voice travels with it, nothing is shared
-between users but the engine and the caches. Voices are made and deleted by :mod:`synthesis.voicing`.
+``phonemize -> (cached audio) -> speak -> finish``. One producer turns the text into a render task per sentence, up
+to ``LOOKAHEAD`` ahead of the one being yielded, each registered with the device worker in order; the worker decides
+when each sentence's GPT and decodes run (so the GPT of sentence i+1 runs while sentence i is being decoded and
+played), and whether a first sentence's first words go out before its GPT ends. This module hands the work over and
+passes the audio on, telling the worker how much audio the listener has in hand. Every request is independent: the
+voice travels with it, nothing is shared between users but the engine and the caches. Voices are made and deleted
+by :mod:`synthesis.voicing`.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from engines.base import DIFFUSION_FAMILIES, SAMPLE_RATE, SamplingParams, Semant
 from synthesis.admission import Admission, AdmittedStream
 from synthesis.cache_lane import SpeechCache
 from synthesis.metrics import PipelineStats
-from synthesis.scheduler import LIVE, Clock, Deadline, DeviceWorker, Playback
-from synthesis.stages import EARLY_MAX_SPEED, EarlyAudio, SampledAudio, SentenceJob, Stages, at_speed, finish
+from synthesis.scheduler import LIVE, Clock, DeviceWorker, RequestHandle, SentenceHandle
+from synthesis.stages import SentenceJob, Stages, finish
 from synthesis.text import SentenceStream, split_sentences, text_to_phonemes
 from synthesis.types import AudioChunk, DeadlineError, Limits, SynthesisParams, Voice
 from synthesis.voices import VoiceStore
 from synthesis.voicing import Voicing
+from synthesis.windows import EARLY_MAX_SPEED, at_speed
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +45,13 @@ FIRST_WAIT_SHARE = 0.5
 
 
 class _InFlight(NamedTuple):
-    """A sentence handed from the producer to the consumer: its render task, its job, its audio that goes out before
-    the sentence is decoded whole (early windows, or a diffusion family's pieces), if any."""
+    """A sentence handed from the producer to the consumer: its render task (its last chunk), its job, its handle on
+    the worker, and its audio that goes out before the sentence is spoken whole (then None)."""
 
     task: asyncio.Task[AudioChunk]
     job: SentenceJob
-    early: EarlyAudio | SampledAudio | None
+    work: SentenceHandle
+    early: asyncio.Queue[AudioChunk | None]
 
 
 # the producer -> consumer queue: a sentence, the producer's failure, or None (the text ended)
@@ -149,57 +154,36 @@ class Synthesizer:
                       deadline: float | None, priority: int, release: Callable[[], None]
                       ) -> AsyncGenerator[AudioChunk, None]:
         """The body of :meth:`stream` for an admitted request: one producer, this consumer, in sentence order."""
+        overall = math.inf if deadline is None else float(deadline)
+        talk = self.worker.open(priority=priority, at=overall)  # (admitted: the worker counts it from now on)
         try:
             p = params or self.defaults
             v = await self.voicing.speaking(await self.voicing.fit(await self._resolve_voice(voice)), p)
         except BaseException:
+            talk.close()
             release()
             raise
         self.counters["requests"] += 1
         started, audio_s, playing_from = time.perf_counter(), 0.0, 0.0
         order: _Order = asyncio.Queue(LOOKAHEAD)  # bounded: how far the producer renders ahead
-        overall = math.inf if deadline is None else float(deadline)
-        playback = Playback()  # when the listener runs out of audio, for the worker's order
-        producer = asyncio.create_task(self._produce(text, v, p, overall, priority, order, playback))
+        producer = asyncio.create_task(self._produce(text, v, p, priority, talk, order))
         current: _InFlight | None = None
         try:
             while (item := await order.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
                 current = item
-                waited = item.job.deadline
-                assert waited is not None, "a live sentence has a deadline"
-                waited.start(self.clock())  # somebody waits for this sentence from now on
-                # the first words in windows (while the sentence's GPT goes on), then the sentence or the rest of it
-                held: list[np.ndarray] = []
-                while True:
-                    if audio_s > 0.0:
-                        # The request is speaking: the rest of it is finished, never cut part-way. Its jobs still
-                        # wait only behind the requests admitted before it (the scheduler's order), so the wait is
-                        # bounded by work already admitted, and the overall ``deadline`` still applies.
-                        waited.wait_s = math.inf
-                    partial = await item.early.next_chunk() if item.early is not None else None
-                    chunk = partial if partial is not None else await item.task
-                    if isinstance(item.early, EarlyAudio) and partial is not None and \
-                            self.admission.in_flight > 1 and audio_s == 0.0:
-                        # Another request speaks too and this one has not started: the early words go out with the
-                        # rest of their sentence, the same samples one chunk later, and no more windows are
-                        # decoded (see _produce). Beside another stream the rest cannot follow the early words in
-                        # time on 2 cores, while one stream alone keeps them (see
-                        # FINDINGS.md#early-words-beside-another-stream). A request already speaking keeps sending
-                        # its windows: held, they would only leave it silent longer.
-                        held.append(partial.audio)
-                        continue
-                    if held:
-                        chunk = dataclasses.replace(chunk, audio=np.concatenate([*held, chunk.audio]))
-                        held = []
+                item.work.waiting()  # somebody waits for this sentence from now on
+                while True:  # its early audio as it comes, then the sentence (or the rest of it)
+                    early = await item.early.get()
+                    chunk = early if early is not None else await item.task
                     if audio_s == 0.0:
                         self.stats.ttfa_s.append(time.perf_counter() - started)
                         playing_from = self.clock()
                     audio_s += chunk.audio.size / chunk.sample_rate
-                    playback.runs_out = playing_from + audio_s  # (played from the first chunk on, as it comes)
+                    talk.played(playing_from + audio_s)  # (played from the first chunk on, as it comes)
                     yield chunk
-                    if partial is None:
+                    if early is None:
                         break
                 current = None
             if audio_s > 0:
@@ -210,46 +194,33 @@ class Synthesizer:
             raise
         finally:
             release()
+            talk.close()
             producer.cancel()
             await _cancel_in_flight(producer, current, order)
 
-    async def _produce(self, text: str | AsyncIterator[str], v: Voice, p: SynthesisParams, overall: float,
-                       priority: int, order: _Order, playback: Playback) -> None:
-        """Start a render task per sentence as soon as the sentence is complete.
+    async def _produce(self, text: str | AsyncIterator[str], v: Voice, p: SynthesisParams, priority: int,
+                       talk: RequestHandle, order: _Order) -> None:
+        """Register each sentence with the worker and start its render task as soon as the sentence is complete.
 
-        Without a seed, the first sentence's early words (:class:`EarlyAudio`) decode their windows only while the
-        request is the only one admitted or has started speaking: beside another request they would be held back
-        anyway (see :meth:`_stream`), and decoding them cost the device 30-45 tokens of vocoder work a stream. (With
-        a seed they are decoded all the same, so that its samples are the same whatever the load: a sentence
-        decoded whole differs from its windows at their joins.) Without them, and with
-        :class:`~synthesis.scheduler.Playback`, several streams start sooner and without gaps (see
-        FINDINGS.md#early-words-beside-another-stream)."""
-        request = self.stages.next_request()
-        previous_gpt: asyncio.Event | None = None
-        previous_out: asyncio.Event | None = None
+        A first sentence may speak its first words in windows while its GPT runs (:mod:`synthesis.windows`; the
+        worker decides whether it does, see ``DeviceWorker._alone_or_speaking``); a diffusion family's sentences
+        speak their sampler's chunks as they come."""
+        first_window = at_speed(self.limits.first_chunk_tokens, p.speed)
+        diffusion = self.engine.family in DIFFUSION_FAMILIES
         try:
             async for index, sentence in _enumerate(self._sentences(text, p)):
                 # the sentence's own wait bound: its clock starts when the consumer waits for it
                 wait_s = self.limits.deadline_s * (FIRST_WAIT_SHARE if index == 0 else 1.0)
-                job = SentenceJob(sentence, index, v, p,
-                                  Deadline(wait_s, at=overall, opens=index == 0, playback=playback), priority,
-                                  (request, index))
-                tokens = at_speed(self.limits.first_chunk_tokens, p.speed)
-                wanted = None if p.seed != -1 else lambda: self.admission.in_flight <= 1 or playback.speaking
-                early: EarlyAudio | SampledAudio | None = None
-                if self.engine.family in DIFFUSION_FAMILIES:  # each sentence speaks its sampler's chunks as they come
-                    early = SampledAudio()
-                elif index == 0 and tokens > 0 and p.speed <= EARLY_MAX_SPEED:
-                    early = EarlyAudio(self.stages, job, tokens, wanted)
-                gpt_done = asyncio.Event()
-                out = early.first_out if isinstance(early, EarlyAudio) else asyncio.Event()
-                item = _InFlight(asyncio.create_task(self._render(job, early, (previous_gpt, gpt_done),
-                                                                  (previous_out, out))), job, early)
-                previous_gpt, previous_out = gpt_done, out
+                job = SentenceJob(sentence, index, v, p, priority, (talk.rid, index))
+                work = talk.sentence(index, wait_s)
+                windows = first_window if index == 0 and not diffusion and p.speed <= EARLY_MAX_SPEED else 0
+                early: asyncio.Queue[AudioChunk | None] = asyncio.Queue()
+                item = _InFlight(asyncio.create_task(self._render(job, work, max(0, windows), early)), job, work,
+                                 early)
                 try:
                     await order.put(item)
                 except asyncio.CancelledError:
-                    _cancel(item)
+                    item.task.cancel()
                     raise
             await order.put(None)
         except asyncio.CancelledError:
@@ -257,35 +228,22 @@ class Synthesizer:
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
             await order.put(e)
 
-    async def _render(self, job: SentenceJob, early: EarlyAudio | SampledAudio | None,
-                      gpt: tuple[asyncio.Event | None, asyncio.Event],
-                      out: tuple[asyncio.Event | None, asyncio.Event]) -> AudioChunk:
-        """One sentence through the stages.
+    async def _render(self, job: SentenceJob, work: SentenceHandle, first_window: int,
+                      early: asyncio.Queue[AudioChunk | None]) -> AudioChunk:
+        """One sentence through the stages: its early audio into ``early`` as the worker makes it, then None; its
+        last chunk (the sentence from where the early audio stopped) as the result."""
 
-        A request's sentences take the GPT one after another (``gpt``: the one before's end, this one's): sentence
-        i+1's GPT runs while sentence i is being decoded, and sentence 1 never shares the GPT with its own followers,
-        which keeps the time to first audio short. Their vocoder work starts in order too (``out``: the one before's
-        first audio, this one's): on a prosody-cache hit every sentence reaches the vocoder at once, and sentence 2's
-        whole decode had gone to the idle worker before sentence 1's first window was queued (first audio 0.38 s
-        instead of 0.1 s at the real size). The job's order is (request, sentence): the requests admitted first are
-        finished first, on both lanes, so an overloaded worker serves some requests whole rather than all in part.
-        """
-        (after, gpt_done), (before, spoken) = gpt, out
+        def out(audio: np.ndarray) -> None:
+            early.put_nowait(AudioChunk(audio, job.text, job.index, job.sample_rate, {**job.timings, "partial": 1.0}))
+
         try:
             await self.stages.phonemize(job)
             if not await self.stages.cached_audio(job):
-                await self.stages.prosody(job, after=after,
-                                          on_tokens=early.feed if isinstance(early, EarlyAudio) else None)
-                gpt_done.set()
-                if before is not None:
-                    await before.wait()
-                await self.stages.vocode(job, early)
+                await self.stages.speak(job, work, first_window, out)
             return finish(job)
         finally:
-            gpt_done.set()  # never leave a follower waiting (cache hit, error or cancellation)
-            spoken.set()
-            if early is not None:
-                early.close()  # nor the listener waiting for an early chunk
+            work.settle()  # (a cache hit or a failure: the sentence after it must not wait for it)
+            early.put_nowait(None)
 
     async def synthesize(self, text: str, voice: Voice | str,
                          params: SynthesisParams | None = None) -> tuple[np.ndarray, list[AudioChunk]]:
@@ -395,20 +353,15 @@ async def _enumerate(items: AsyncIterator[str]) -> AsyncIterator[tuple[int, str]
         index += 1
 
 
-def _cancel(item: _InFlight) -> list[Awaitable[object]]:
-    """Stop a sentence's render (and its early decode); returns what to await."""
-    item.task.cancel()
-    head = item.early.cancel() if item.early is not None else None
-    return [item.task] if head is None else [item.task, head]
-
-
 async def _cancel_in_flight(producer: asyncio.Task[None], current: _InFlight | None, order: _Order) -> None:
     """The request ended (done, failed, closed or cancelled): stop whatever it still has in flight."""
     leftovers: list[Awaitable[object]] = [producer]
     if current is not None:
-        leftovers += _cancel(current)
+        current.task.cancel()
+        leftovers.append(current.task)
     while not order.empty():
         item = order.get_nowait()
         if isinstance(item, _InFlight):
-            leftovers += _cancel(item)
+            item.task.cancel()
+            leftovers.append(item.task)
     await asyncio.gather(*leftovers, return_exceptions=True)

@@ -1,25 +1,37 @@
-"""One worker per device: it owns the engine and runs everything that touches it.
+"""One worker per device: it owns the engine, decides every step, and runs everything that touches it.
 
-Two lanes, each a thread, so the GPT of sentence i+1 overlaps the SoVITS decode of sentence i:
+It is the single scheduler: the pipeline hands it each sentence's work (:meth:`DeviceWorker.open`, then
+:meth:`SentenceHandle.speak`) and awaits its audio; the worker holds every request's state
+(:mod:`synthesis.speaking`: admission order, when its listener runs out of audio, what each sentence decoded) and
+decides on its own thread which GPT steps and which vocoder decodes run next, consulting each sentence's window plan
+(:mod:`synthesis.windows`). The event loop only posts messages (a sentence's work, playback progress, a listener
+starting to wait, a cancellation), applied between two steps. So why any chunk waited is answered here, by
+:meth:`DeviceWorker._key` and the device loop's choice.
 
-* the GPT lane drives a continuous batch (``Engine.open_batch``): requests join between decode steps and leave
-  when they finish or are cancelled; live requests go before background ones (and preempt them when the batch is
-  full);
-* the vocoder lane runs one callable at a time (SoVITS decode, BERT features, reference encoding), by priority.
+Two kinds of work:
 
-Callers are async: every job resolves an asyncio future, with a result or an error, whatever raises where (a
-request the engine refuses fails alone, a failed decode step is retried without the request that broke it, a
-closed worker fails what it still holds). Cancelling the awaiting task cancels the job; for the GPT that takes
+* the GPT drives a continuous batch (``Engine.open_batch``): requests join between decode steps and leave when they
+  finish or are cancelled; live requests go before background ones (and preempt them when the batch is full); a
+  request's sentence joins only after the GPT of the sentence before it ended, so a first sentence never shares the
+  GPT with its own followers;
+* vocoder calls (SoVITS decodes of windows and sentences, BERT features, reference encoding), one at a time; a
+  sentence's vocoder work starts once the sentence before it made its first audio (on a prosody-cache hit every
+  sentence is ready at once, and the first window must still be the first decode).
+
+On a CPU one device thread interleaves the two (a GPT step or a vocoder call at a time); on a GPU two threads
+overlap them. Callers are async: every job resolves an asyncio future, with a result or an error, whatever raises
+where (a request the engine refuses fails alone, a failed decode step is retried without the request that broke it,
+a closed worker fails what it still holds). Cancelling the awaiting task cancels the job; for the GPT that takes
 effect before the next decode step.
 
 Order: ``priority`` (a class: :data:`LIVE` before :data:`BACKGROUND`), then urgency: first the work of requests
-whose listener is about to run out of audio (:class:`Playback`), then jobs somebody already waits for (their
-:class:`Deadline` started: the sentence being played next goes before sentences rendered ahead), then ``order`` (any tuple; the pipeline passes (request, sentence), so the requests admitted first are
-finished first), then arrival. A deadline bounds how long a job may *wait* for its lane; a job that has started
-is finished. So that a request that starts speaking is finished even under overload, a new request's first
-sentence leaves a quarter of the decode slots to requests already speaking, and on a CPU's single device thread
-a vocoder call somebody waits for gets a turn after every GPT step (unless that GPT work keeps a listener who is
-about to run out of audio going and the call does not).
+whose listener is about to run out of audio (:data:`~synthesis.speaking.LOW_BUFFER_S`), then work somebody already
+waits for (the sentence being played next goes before sentences rendered ahead), then ``order`` ((request,
+sentence): the requests admitted first are finished first), then arrival. A sentence's bound limits how long its
+work may *wait* for the device; work that has started is finished. So that a request that starts speaking is
+finished even under overload, a new request's first sentence leaves a quarter of the decode slots to requests
+already speaking, and on a CPU's single device thread a vocoder call somebody waits for gets a turn after every GPT
+step (unless that GPT work keeps a listener who is about to run out of audio going and the call does not).
 """
 
 from __future__ import annotations
@@ -39,7 +51,9 @@ import numpy as np
 
 from engines import Engine, EngineError, SpeechError
 from engines.base import SemanticBatch, SemanticRequest
+from synthesis.speaking import LOW_BUFFER_S, Sentence, SentenceAudio, Speaking, Utterance, complete
 from synthesis.types import DeadlineError
+from synthesis.windows import Piece, SampledPieces, WindowPlan
 
 log = logging.getLogger(__name__)
 
@@ -52,112 +66,50 @@ _IDLE_POLL_S = 0.05  # how often an idle lane checks for shutdown
 RESERVE_DIVISOR = 4  # capacity // this many decode slots are kept for requests that are already speaking
 MAX_GPT_ATTEMPTS = 3  # decode attempts of one request whose batch failed before it fails too (a safety net)
 Clock = Callable[[], float]
+__all__ = ["BACKGROUND", "LIVE", "LOW_BUFFER_S", "DeviceWorker", "RequestHandle", "SentenceHandle", "WorkerClosed"]
 
 
 class WorkerClosed(SpeechError):
     """The synthesis worker has shut down."""
 
 
-# A speaking request with less audio than this left to play: its work goes first (see Playback). Shorter guards let
-# more streams than the cores keep up with break each other's speech (see FINDINGS.md#playback-guard).
-LOW_BUFFER_S = 3.0
-
-
-class Playback:
-    """When a speaking request's listener runs out of audio (``runs_out``, a ``clock()`` time; inf until it speaks),
-    shared by the :class:`Deadline` of each of its sentences: written by the pipeline as chunks go out, read by the
-    worker. While less than :data:`LOW_BUFFER_S` is left, the request's work goes before other work, also before
-    the first sentences of requests that have not started (a later start is heard less than a gap in speech)."""
-
-    __slots__ = ("runs_out",)
-
-    def __init__(self) -> None:
-        self.runs_out = math.inf
-
-    @property
-    def speaking(self) -> bool:
-        return self.runs_out != math.inf
-
-    def low(self, now: float) -> bool:
-        return self.runs_out - now < LOW_BUFFER_S
-
-
-class Deadline:
-    """How long a request's job may wait for its lane, in ``clock()`` seconds.
-
-    A job may wait ``wait_s`` from when it was submitted or from when somebody started waiting for its result
-    (:meth:`start`), whichever is later, and never past ``at`` (an overall limit). A sentence rendered ahead is
-    submitted before anybody waits for it: until :meth:`start`, only ``at`` applies. One object is shared by
-    all the jobs of one sentence (BERT, GPT, vocoder).
-    """
-
-    __slots__ = ("wait_s", "at", "started", "opens", "playback")
-
-    def __init__(self, wait_s: float = math.inf, *, at: float = math.inf, opens: bool = False,
-                 playback: Playback | None = None) -> None:
-        self.wait_s = wait_s
-        self.at = at
-        self.started = math.inf  # when somebody began waiting (inf: nobody yet)
-        self.opens = opens  # the first sentence of a request: it starts new work rather than finishing some
-        self.playback = playback  # the request's, when it is spoken as it comes
-
-    def start(self, now: float) -> None:
-        """Somebody waits for this sentence from ``now`` on (the first call counts)."""
-        if self.started == math.inf:
-            self.started = now
-
-    def limit(self, submitted: float) -> float:
-        """The time by which a job submitted at ``submitted`` must have left its queue."""
-        if self.started == math.inf:
-            return self.at
-        return min(self.at, max(self.started, submitted) + self.wait_s)
-
-    def __repr__(self) -> str:
-        return f"Deadline(wait_s={self.wait_s}, at={self.at}, started={self.started})"
-
-
 @dataclass(eq=False)
 class _Job:
     priority: int
-    deadline: float | Deadline | None  # clock() limit on waiting for the lane, None for no limit
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
+    deadline: float | None  # clock() limit on waiting for the lane, None for no limit (a sentence's: its own)
+    loop: asyncio.AbstractEventLoop | None
+    future: asyncio.Future[Any] | None
     cancel: threading.Event = field(default_factory=threading.Event)
     order: tuple[Any, ...] = ()
     submitted: float = 0.0  # clock() when it was queued
+    sentence: Sentence | None = None  # the sentence it is for: its urgency and wait bound are the sentence's
+    done: Callable[[Any, BaseException | None], None] | None = None  # the worker's own work: its result goes here
+    what: str = ""  # what it is, for the trace
 
     def urgency(self, now: float) -> int:
         """The sort key's urgency: :data:`LOW` when its request is speaking and about to run out of audio,
         :data:`WAITED` when somebody waits for the result already, else :data:`AHEAD`."""
-        d = self.deadline
-        if not isinstance(d, Deadline):
+        s = self.sentence
+        if s is None:
             return AHEAD
-        if d.playback is not None and d.playback.low(now):
+        if s.request.low(now):
             return LOW
-        return WAITED if d.started != math.inf else AHEAD
+        return WAITED if s.started != math.inf else AHEAD
 
     def expired(self, now: float) -> bool:
-        """Has it waited past its deadline (a float is an absolute ``clock()`` limit)?"""
-        d = self.deadline
-        if d is None:
-            return False
-        return now > (d.limit(self.submitted) if isinstance(d, Deadline) else float(d))
+        """Has it waited past its bound (a float is an absolute ``clock()`` limit)?"""
+        if self.sentence is not None:
+            return now > self.sentence.limit(self.submitted)
+        return self.deadline is not None and now > self.deadline
 
     def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
-        """Complete the future from any thread (ignored if the caller already gave up)."""
-
-        def _set() -> None:
-            if self.future.done():
-                return
-            if error is not None:
-                self.future.set_exception(error)
-            else:
-                self.future.set_result(result)
-
-        try:
-            self.loop.call_soon_threadsafe(_set)
-        except RuntimeError:  # the caller's loop is closed
-            pass
+        """Complete it from any thread: the worker's own work hands its outcome on, a caller's future is set (ignored
+        if the caller already gave up)."""
+        if self.done is not None:
+            self.done(result, error)
+            return
+        assert self.future is not None and self.loop is not None
+        complete(self.loop, self.future, result, error)
 
 
 @dataclass(eq=False)
@@ -201,6 +153,11 @@ class DeviceWorker:
         self.gpt_steps = 0
         self.gpt_failures = 0  # decode steps or admissions that raised (each failed or retried its requests)
         self._gpt = _GptState()
+        self._requests: dict[int, Speaking] = {}  # the requests being spoken (the device threads' alone)
+        self._rids = itertools.count()  # admission order (live and background requests share it)
+        self._live = 0  # live requests open
+        self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()  # from the event loop, in order
+        self._state = threading.RLock()  # the requests' state, between the two device threads of a GPU
         if self.overlap:
             targets = [(self._gpt_loop, "voicebot-gpt"), (self._call_loop, "voicebot-vocoder")]
         else:
@@ -216,8 +173,19 @@ class DeviceWorker:
         """Jobs waiting or running on either lane."""
         return self._gpt_queue.qsize() + self._call_queue.qsize() + self._active_gpt
 
+    def next_request(self) -> int:
+        """The next place in the admission order (the requests admitted first are finished first)."""
+        return next(self._rids)
+
+    def open(self, *, priority: int = LIVE, at: float = math.inf) -> RequestHandle:
+        """A request to speak, admitted now: its sentences are handed over through the handle
+        (:meth:`RequestHandle.sentence`); ``at`` is an overall ``clock()`` limit on its waiting."""
+        state = Speaking(self.next_request(), priority, at, live=priority == LIVE)
+        self._post(_Opened(state))
+        return RequestHandle(state, self._post, self.clock)
+
     async def semantic(self, request: SemanticRequest, *, priority: int = LIVE,
-                       deadline: float | Deadline | None = None, order: tuple[Any, ...] = (),
+                       deadline: float | None = None, order: tuple[Any, ...] = (),
                        on_tokens: Callable[[np.ndarray], None] | None = None) -> tuple[np.ndarray, float]:
         """Run the GPT for one sentence: (new tokens ``[Ts]`` int64, seconds the batch spent on it).
 
@@ -238,11 +206,12 @@ class DeviceWorker:
         self._submit(self._gpt_queue, job)
         return await self._await(job)
 
-    async def call(self, fn: Callable[[], T], *, priority: int = LIVE, deadline: float | Deadline | None = None,
-                   order: tuple[Any, ...] = ()) -> T:
-        """Run ``fn()`` on the vocoder lane and return its result (``deadline`` bounds the wait for the lane)."""
+    async def call(self, fn: Callable[[], T], *, priority: int = LIVE, deadline: float | None = None,
+                   order: tuple[Any, ...] = (), sentence: Sentence | None = None) -> T:
+        """Run ``fn()`` on the vocoder lane and return its result (``deadline`` bounds the wait for the lane; for a
+        sentence's work, see :meth:`SentenceHandle.call`)."""
         loop = asyncio.get_running_loop()
-        job = _CallJob(priority, deadline, loop, loop.create_future(), order=order, fn=fn)
+        job = _CallJob(priority, deadline, loop, loop.create_future(), order=order, sentence=sentence, fn=fn)
         self._submit(self._call_queue, job)
         return await self._await(job)
 
@@ -259,8 +228,234 @@ class DeviceWorker:
         self._fail_queued()
         if not any(t.is_alive() for t in self._threads):
             self._fail_running(WorkerClosed("the synthesis worker shut down before this request was done"))
+            self._fail_sentences()
+
+    # ---- messages from the event loop (applied on a device thread, between two steps) --------------------------
+
+    def _post(self, message: _Message) -> bool:
+        """Queue a message for the device thread; False when the worker is closed (the message is dropped)."""
+        if self._closed.is_set():
+            return False
+        self._inbox.put(message)
+        self._wake.set()
+        if self._closed.is_set():  # closed meanwhile: the lanes may be gone, so nobody else would answer it
+            self._fail_sentences()
+        return True
+
+    def _apply_inbox(self) -> None:
+        with self._state:
+            while True:
+                try:
+                    message = self._inbox.get_nowait()
+                except queue.Empty:
+                    return
+                self._apply(message)
+
+    def _apply(self, m: _Message) -> None:
+        if isinstance(m, _Opened):
+            self._opened(m.request)
+        elif isinstance(m, _Registered):
+            self._registered(m.sentence)
+        elif isinstance(m, _Handed):
+            s = m.sentence
+            s.loop, s.future, s.on_audio = m.loop, m.future, m.on_audio
+            self._handed(s, m.utterance, m.tokens, m.request)
+        elif isinstance(m, _Waiting):
+            if m.sentence.started == math.inf:
+                m.sentence.started = m.now
+        elif isinstance(m, _Played):
+            m.request.runs_out = m.runs_out
+        elif isinstance(m, _Cancelled):
+            self._cancelled(m.sentence)
+        elif isinstance(m, _Settled):
+            if m.sentence.utterance is None:  # (its audio was cached, or it failed before its work was handed over)
+                self._cancelled(m.sentence)
+        else:
+            self._closed_request(m.request)
+
+    def _opened(self, r: Speaking) -> None:
+        self._requests[r.rid] = r
+        self._live += r.live
+
+    def _registered(self, s: Sentence) -> None:
+        if s.request.closed:
+            s.ended = True
+        s.request.sentences[s.index] = s
+
+    def _handed(self, s: Sentence, u: Utterance, tokens: np.ndarray | None, request: SemanticRequest | None) -> None:
+        """A sentence's work: its tokens (a prosody-cache hit) or its GPT request, then its decodes."""
+        if s.ended:  # cancelled, or its request closed, before the message came
+            s.deliver(error=WorkerClosed("the request ended before this sentence was spoken"))
+            return
+        r = s.request
+        s.utterance = u
+        if u.sampled:
+            s.sampled = SampledPieces(u.sample_rate)
+        else:
+            s.plan = WindowPlan(u.first_window, u.speed, u.sample_rate)
+        if tokens is not None:
+            s.tokens = np.asarray(tokens, np.int64)
+            s.known = int(s.tokens.size)
+        else:
+            assert request is not None
+            s.gpt = _GptJob(r.priority, None, None, None, order=(r.rid, s.index), sentence=s,
+                            what=f"request {r.rid} sentence {s.index}: GPT",
+                            done=lambda result, error: self._gpt_ended(s, result, error), request=request,
+                            on_tokens=lambda new: self._fed(s, new))
+        self._advance(r)
+
+    def _cancelled(self, s: Sentence) -> None:
+        """A sentence nobody waits for any more: nothing more of it runs, the sentence after it goes on."""
+        if not s.ended:
+            s.ended = True
+            if s.gpt is not None:
+                s.gpt.cancel.set()
+            self._advance(s.request)
+
+    def _closed_request(self, r: Speaking) -> None:
+        r.closed = True
+        for s in list(r.sentences.values()):
+            self._cancelled(s)
+        if self._requests.pop(r.rid, None) is not None:
+            self._live -= r.live
+
+    def _fail_sentences(self) -> None:
+        """The worker is closed: every sentence still awaited fails."""
+        self._apply_inbox()
+        with self._state:
+            for r in list(self._requests.values()):
+                for s in list(r.sentences.values()):
+                    if not s.ended:
+                        s.deliver(error=WorkerClosed("the synthesis worker shut down before this request was done"))
+
+    # ---- sentences: which decode of which sentence is due (the device threads) --------------------------------
+
+    def _advance(self, r: Speaking) -> None:
+        """Start what of a request's sentences may start now: a sentence's GPT once the GPT of the one before it
+        ended (sentence i+1's GPT runs while sentence i is decoded), its decodes once the one before it made its
+        first audio."""
+        for i in sorted(r.sentences):
+            s = r.sentences[i]
+            prev = r.sentences.get(i - 1)
+            job = s.gpt
+            if job is not None and not s.ended and not s.gpt_queued and \
+                    (prev is None or prev.tokens is not None or prev.ended):
+                s.gpt_queued = True
+                self._enqueue(self._gpt_queue, job)
+            self._schedule(s)
+        for i in [i for i, s in r.sentences.items() if s.ended]:  # (an ended sentence holds nobody back)
+            del r.sentences[i]
+
+    def _schedule(self, s: Sentence) -> None:
+        """Queue the sentence's next decode if its plan has one due and none of it is queued or running."""
+        u = s.utterance
+        if u is None or s.busy or s.ended:
+            return
+        prev = s.request.sentences.get(s.index - 1)
+        if prev is not None and not (prev.first_out or prev.ended):
+            return
+        piece: Piece | None = None
+        if s.sampled is not None:
+            if s.tokens is None:
+                return
+        else:
+            piece = s.next_piece(windows=u.keep_windows or self._alone_or_speaking(s.request))
+            if piece is None:
+                return
+        s.busy = True
+        r = s.request
+        what = "a sampler chunk" if piece is None else \
+            f"tokens {piece.start}-{piece.end if piece.window else s.known}{' (a window)' if piece.window else ''}"
+        self._enqueue(self._call_queue, _CallJob(r.priority, None, None, None, order=(r.rid, s.index), sentence=s,
+                                                  done=lambda _, error: self._decode_failed(s, error),
+                                                  what=f"request {r.rid} sentence {s.index}: decode of {what}",
+                                                  fn=lambda: self._decode(s, piece)))
+
+    def _alone_or_speaking(self, r: Speaking) -> bool:
+        """May this request's first sentence speak in windows? Beside another live request that has not started, the
+        rest of a first sentence could not follow its early words in time on 2 cores, while one stream alone keeps
+        them (see FINDINGS.md#early-words-beside-another-stream): its windows are held back then (and, without a
+        seed, not decoded at all: they cost the device 30-45 tokens of vocoder work a stream)."""
+        return r.speaking or self._live <= 1
+
+    def _decode(self, s: Sentence, piece: Piece | None) -> None:
+        """Run a sentence's next decode (on the vocoder lane) and hand its audio on."""
+        u = s.utterance
+        assert u is not None
+        t0 = time.perf_counter()
+        if s.sampled is not None:
+            if s.pieces is None:
+                assert s.tokens is not None
+                s.pieces = iter(self.engine.decode_stream(s.tokens, u.phones, u.prompt, u.speed, u.noise_scale, u.seed,
+                                                          steps=u.steps, cfg=u.cfg))
+            chunk = next(s.pieces, None)
+            audio = None if chunk is None else np.asarray(chunk, np.float32)
+        else:
+            assert piece is not None
+            audio = np.asarray(self.engine.decode(s.all_tokens()[piece.start:piece.end], u.phones, u.prompt, u.speed,
+                                                  u.noise_scale, u.seed, piece.noise_offset, steps=u.steps,
+                                                  cfg=u.cfg), np.float32)
+        with self._state:
+            s.vocoder_s += time.perf_counter() - t0
+            s.busy = False
+            if s.ended:
+                return
+            if s.sampled is not None:
+                out = None if audio is None else s.sampled.add(audio)
+                if audio is None:
+                    self._spoken(s, s.sampled.whole())
+                elif out is not None:
+                    s.first_out = True
+                    s.emit(out)
+            else:
+                assert piece is not None and s.plan is not None and audio is not None
+                if piece.window:
+                    out = s.plan.window_out(piece, audio)
+                    s.first_out = True
+                    if self._alone_or_speaking(s.request):
+                        s.emit(out)
+                    else:
+                        s.held.append(out)  # the same samples go out with the rest of the sentence
+                else:
+                    self._spoken(s, s.plan.whole(piece, audio, s.known))
+            self._advance(s.request)
+
+    def _spoken(self, s: Sentence, audio: np.ndarray) -> None:
+        assert s.tokens is not None
+        s.first_out = True
+        s.deliver(SentenceAudio(audio, s.emitted, s.tokens, s.gpt_s, s.vocoder_s))
+
+    def _decode_failed(self, s: Sentence, error: BaseException | None) -> None:
+        if error is None:
+            return
+        with self._state:
+            s.busy = False
+            s.deliver(error=error)
+            self._advance(s.request)
+
+    def _fed(self, s: Sentence, tokens: np.ndarray) -> None:
+        """New tokens of a sentence's GPT (on the GPT's thread): a window may be due."""
+        with self._state:
+            if not s.ended and s.tokens is None:
+                s.feed(tokens)
+                self._schedule(s)
+
+    def _gpt_ended(self, s: Sentence, result: Any, error: BaseException | None) -> None:
+        with self._state:
+            if error is not None:
+                s.deliver(error=error)
+            elif not s.ended:
+                tokens, s.gpt_s = result
+                s.tokens = np.asarray(tokens, np.int64)
+                s.known = int(s.tokens.size)
+            self._advance(s.request)
 
     # ---- internals -------------------------------------------------------------------------------------------
+
+    def _enqueue(self, q: queue.PriorityQueue[Any], job: _Job) -> None:
+        """Queue the worker's own work (a closed worker fails its sentences instead: see :meth:`close`)."""
+        if not self._closed.is_set():
+            self._submit(q, job)
 
     def _submit(self, q: queue.PriorityQueue[Any], job: _Job) -> None:
         if self._closed.is_set():
@@ -292,6 +487,7 @@ class DeviceWorker:
 
     @staticmethod
     async def _await(job: _Job) -> Any:
+        assert job.future is not None
         try:
             return await job.future
         except asyncio.CancelledError:
@@ -310,6 +506,7 @@ class DeviceWorker:
         ticked = False  # the last thing run was a GPT step
         while not self._closed.is_set():
             try:
+                self._apply_inbox()
                 call_prio = self._call_priority()
                 gpt_prio = self._gpt_priority()
                 # A call somebody waits for gets a turn after every GPT step even when the GPT's work is more
@@ -334,6 +531,7 @@ class DeviceWorker:
         self._bind()
         while not self._closed.is_set():
             try:
+                self._apply_inbox()
                 if self._gpt_priority() is None:
                     self._wake.wait(_IDLE_POLL_S)
                     self._wake.clear()
@@ -347,6 +545,7 @@ class DeviceWorker:
         self._bind()
         while not self._closed.is_set():
             try:
+                self._apply_inbox()
                 self._run_call(block=True)
             except Exception:
                 log.exception("the vocoder lane hit an unexpected error; continuing")
@@ -356,6 +555,7 @@ class DeviceWorker:
         """The GPT's lane ends: fail what it still holds."""
         self._fail_running(WorkerClosed("the synthesis worker shut down before this request was done"))
         self._fail_queued()
+        self._fail_sentences()
 
     def _key(self, job: _Job, now: float | None = None) -> tuple[int, int, tuple[Any, ...]]:
         """How urgent a job is: (priority class, urgency, order)."""
@@ -399,12 +599,13 @@ class DeviceWorker:
         job = self._take_call(block=block)
         if job is None:
             return
-        if job.cancel.is_set():
+        if job.cancel.is_set() or (job.done is not None and job.sentence is not None and job.sentence.ended):
             return
         if job.expired(self.clock()):
             job.resolve(error=DeadlineError("the request waited longer than its deadline for the vocoder"))
             return
         assert job.fn is not None
+        self._trace(job, "runs")
         try:
             job.resolve(job.fn())
         except SpeechError as e:
@@ -412,6 +613,14 @@ class DeviceWorker:
         except Exception as e:  # a backend failure must reach the caller, not kill the worker
             log.exception("vocoder job failed")
             job.resolve(error=EngineError(f"synthesis failed: {e}"))
+
+    def _trace(self, job: _Job, what: str) -> None:
+        """Why a job ran when it did, at DEBUG (``logging.getLogger("synthesis.scheduler")``): what it is, how long
+        it waited for its turn, and the key that placed it (class, urgency, order)."""
+        if log.isEnabledFor(logging.DEBUG):
+            now = self.clock()
+            log.debug("%s %s after %.0f ms (key %s)", job.what or "a call", what, 1000 * (now - job.submitted),
+                      self._key(job, now))
 
     def _gpt_tick(self) -> None:
         """Admit queued requests, drop cancelled ones, run one decode step, deliver finished requests."""
@@ -509,7 +718,7 @@ class DeviceWorker:
             if alone or (job.failures and running):
                 self._gpt_queue.put(entry)  # after the batch drains
                 return True
-            opens = isinstance(job.deadline, Deadline) and job.deadline.opens
+            opens = job.sentence is not None and job.sentence.opens
             peers = sum(1 for j in running.values() if j.priority <= prio)  # background work would make way
             if opens and batch.capacity - peers <= batch.capacity // RESERVE_DIVISOR:
                 # a new request's first sentence leaves the last slots to requests already speaking: a running
@@ -526,6 +735,7 @@ class DeviceWorker:
                 self._requeue(preempted)
             rid = next(g.ids)
             assert job.request is not None
+            self._trace(job, "joins the GPT batch")
             t0 = time.perf_counter()
             running[rid] = job  # before add: the prefill may already stream tokens
             try:
@@ -575,3 +785,131 @@ class _GptState:
     batch: SemanticBatch | None = None
     running: dict[int, _GptJob] = field(default_factory=dict[int, _GptJob])
     ids: itertools.count[int] = field(default_factory=itertools.count)
+
+
+
+# ---- messages: what the event loop tells the worker (applied on a device thread, in the order they were posted) ----
+
+@dataclass(frozen=True)
+class _Opened:
+    request: Speaking  # admitted
+
+
+@dataclass(frozen=True)
+class _Registered:
+    sentence: Sentence  # the request's next sentence
+
+
+@dataclass(frozen=True)
+class _Handed:
+    """A sentence's work, with where its audio goes."""
+
+    sentence: Sentence
+    utterance: Utterance
+    tokens: np.ndarray | None
+    request: SemanticRequest | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[SentenceAudio]
+    on_audio: Callable[[np.ndarray], None] | None
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    sentence: Sentence  # its listener waits for it from ``now`` on
+    now: float
+
+
+@dataclass(frozen=True)
+class _Played:
+    request: Speaking  # its listener has audio until ``runs_out``
+    runs_out: float
+
+
+@dataclass(frozen=True)
+class _Cancelled:
+    sentence: Sentence  # nobody waits for it any more
+
+
+@dataclass(frozen=True)
+class _Settled:
+    sentence: Sentence  # needs nothing (more) from the worker
+
+
+@dataclass(frozen=True)
+class _Closed:
+    request: Speaking  # its stream ended
+
+
+_Message = _Opened | _Registered | _Handed | _Waiting | _Played | _Cancelled | _Settled | _Closed
+Post = Callable[[_Message], bool]
+
+
+class RequestHandle:
+    """The event loop's side of a request the worker speaks (:meth:`DeviceWorker.open`): it registers the request's
+    sentences in order and reports playback, as messages; it never touches the worker's state."""
+
+    def __init__(self, state: Speaking, post: Post, clock: Clock) -> None:
+        self._state = state
+        self._post = post
+        self._clock = clock
+
+    @property
+    def rid(self) -> int:
+        """The request's place in the admission order."""
+        return self._state.rid
+
+    def sentence(self, index: int, wait_s: float = math.inf) -> SentenceHandle:
+        """Register the request's next sentence (in order: sentence ``index`` comes after ``index - 1``); its work
+        may wait ``wait_s`` for the device once somebody waits for it (:meth:`SentenceHandle.waiting`)."""
+        s = Sentence(self._state, index, wait_s)
+        self._post(_Registered(s))
+        return SentenceHandle(s, self._post, self._clock)
+
+    def played(self, runs_out: float) -> None:
+        """The listener has audio until ``runs_out`` (a ``clock()`` time): the request is speaking."""
+        self._post(_Played(self._state, runs_out))
+
+    def close(self) -> None:
+        """The request ended: nothing more of it runs."""
+        self._post(_Closed(self._state))
+
+
+class SentenceHandle:
+    """The event loop's side of one sentence: its work handed over, its audio awaited."""
+
+    def __init__(self, state: Sentence, post: Post, clock: Clock) -> None:
+        self._state = state
+        self._post = post
+        self._clock = clock
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """(request, sentence): its place in the worker's order."""
+        return self._state.request.rid, self._state.index
+
+    async def call(self, worker: DeviceWorker, fn: Callable[[], T]) -> T:
+        """``fn()`` on ``worker``'s vocoder lane as this sentence's work (its class, order, urgency, wait bound)."""
+        return await worker.call(fn, priority=self._state.request.priority, order=self.order, sentence=self._state)
+
+    async def speak(self, utterance: Utterance, *, tokens: np.ndarray | None = None,
+                    request: SemanticRequest | None = None,
+                    on_audio: Callable[[np.ndarray], None] | None = None) -> SentenceAudio:
+        """The sentence, from its ``tokens`` (a prosody-cache hit) or its GPT ``request``: the whole sentence, once
+        spoken; ``on_audio`` gets its early audio on this event loop as it is made (windows, a sampler's chunks)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[SentenceAudio] = loop.create_future()
+        if not self._post(_Handed(self._state, utterance, tokens, request, loop, future, on_audio)):
+            raise WorkerClosed("the synthesis worker is shut down")
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._post(_Cancelled(self._state))
+            raise
+
+    def waiting(self) -> None:
+        """The listener waits for this sentence from now on (its wait bound starts)."""
+        self._post(_Waiting(self._state, self._clock()))
+
+    def settle(self) -> None:
+        """The sentence needs nothing (more) from the worker: its audio was cached, or it ended here."""
+        self._post(_Settled(self._state))

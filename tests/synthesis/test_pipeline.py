@@ -12,9 +12,9 @@ import pytest
 
 from bot.services import build_synthesizer
 from engines.base import FRAME_SAMPLES, token_sample
-from synthesis.stages import CROSSFADE_SAMPLES, EARLY_HOLDBACK_TOKENS, EARLY_MAX_SPEED, Spoken, at_speed
 from synthesis.text import text_to_phonemes
 from synthesis.types import BusyError, SynthesisParams
+from synthesis.windows import CROSSFADE_SAMPLES, EARLY_HOLDBACK_TOKENS, EARLY_MAX_SPEED, Spoken, at_speed
 from tests.audio_samples import speech_like_wav
 
 THREE = "The weather is nice today. We should go for a walk. Maybe the park is open."
@@ -244,11 +244,12 @@ async def test_a_prosody_hit_vocodes_the_first_window_first(synth, voice):
     await synth.cache.drain()  # (the writes are queued: all of them in first)
     synth.cache.store._audio.clear()  # white-box: drop the audio cache, keep the prosody cache
     decoded = []
-    decode = synth.stages.decode
+    engine = synth.engine
+    decode = engine.decode
 
-    async def recording(job, tokens, speed, noise_offset=0):
-        decoded.append((job.index, tokens.size))
-        return await decode(job, tokens, speed, noise_offset)
+    def recording(tokens, phones, *args, **kwargs):  # (on the worker's thread)
+        decoded.append((tuple(phones), tokens.size))
+        return decode(tokens, phones, *args, **kwargs)
 
     phonemize = synth.stages.phonemize
 
@@ -257,11 +258,12 @@ async def test_a_prosody_hit_vocodes_the_first_window_first(synth, voice):
         if job.index == 0:
             await asyncio.sleep(0.2)
 
-    synth.stages.decode = recording
+    engine.decode = recording
     synth.stages.phonemize = first_late
     again = await collect(synth, text, voice)
     assert again[0].timings.get("partial") == 1.0 and {c.index for c in again} == {0, 1}
-    assert decoded[0] == (0, 12)  # the first window, before anything of sentence 2
+    first = tuple(text_to_phonemes(text.split(". ")[0] + ".", "en").ids)
+    assert decoded[0] == (first, 12)  # the first window, before anything of sentence 2
 
 
 async def test_first_words_come_early_only_while_no_other_request_speaks(synth, voice):
@@ -341,6 +343,35 @@ async def test_seeded_runs_are_deterministic(synth, fresh_synth, voice):
     second = by_sentence(await collect(fresh_synth, THREE, voice))
     assert len(first) == len(second) == 3
     for a, b in zip(first, second):
+        assert np.array_equal(a, b)
+
+
+@pytest.fixture
+async def two_lane_synth(tiny_config, monkeypatch):
+    """A synthesizer whose worker overlaps the GPT and the vocoder on two threads (as on a GPU), empty caches."""
+    import functools
+
+    import bot.services
+    from synthesis.scheduler import DeviceWorker
+
+    monkeypatch.setattr(bot.services, "DeviceWorker", functools.partial(DeviceWorker, overlap=True))
+    cfg = dataclasses.replace(tiny_config, cache=dataclasses.replace(
+        tiny_config.cache, dir=tiny_config.cache.dir.parent / "cache3"))
+    s = build_synthesizer(cfg)
+    assert s.worker.overlap
+    yield s
+    await s.close()
+
+
+async def test_two_lanes_speak_the_same_samples(synth, two_lane_synth, voice):
+    """With the GPT and the vocoder on two threads a request speaks the same windows and samples as on one."""
+    text = TWO_LONG[0] + " A second sentence follows it."
+    for s in (synth, two_lane_synth):
+        s.limits = dataclasses.replace(s.limits, first_chunk_tokens=12)
+    one, two = await collect(synth, text, voice), await collect(two_lane_synth, text, voice)
+    assert [c.timings.get("partial") for c in two] == [c.timings.get("partial") for c in one]
+    assert one[0].timings.get("partial") == 1.0 and len(by_sentence(one)) == 2
+    for a, b in zip(by_sentence(one), by_sentence(two)):
         assert np.array_equal(a, b)
 
 

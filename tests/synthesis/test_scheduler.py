@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from engines.base import EngineError, SamplingParams, SemanticRequest, VoicePrompt
-from synthesis.scheduler import BACKGROUND, LIVE, LOW_BUFFER_S, Deadline, DeviceWorker, Playback, WorkerClosed
+from synthesis.scheduler import BACKGROUND, LIVE, LOW_BUFFER_S, DeviceWorker, WorkerClosed
+from synthesis.speaking import Utterance
 from synthesis.types import DeadlineError
 
 HANG_GUARD_S = 300  # only against a hang: a job that never ends fails the test instead of blocking the run
@@ -26,6 +27,14 @@ def _request(n_phones: int, seed: int, steps: int = 30) -> SemanticRequest:
     phones = (np.arange(n_phones, dtype=np.int64) * 7 + seed) % 300 + 1
     return SemanticRequest(phones, np.zeros((1024, n_phones), np.float32), REFERENCE_FREE,
                            SamplingParams(seed=seed, early_stop_num=steps))
+
+
+def _utterance(engine, request: SemanticRequest) -> Utterance:
+    """What the vocoder needs for the request's sentence, with a voice made from silence (reference-free)."""
+    _, ge = engine.encode_reference(None, [np.zeros(32000, np.float32)])
+    prompt = VoicePrompt(np.zeros(0, np.int64), np.asarray(ge, np.float32), np.zeros(0, np.int64),
+                         np.zeros((1024, 0), np.float32))
+    return Utterance(request.phones, prompt, 1.0, 0.5, 7, None, None, engine.sample_rate)
 
 
 async def _ended(aw):
@@ -169,6 +178,9 @@ async def test_every_job_ends_when_the_worker_closes(tiny_engine):
     await asyncio.sleep(0.05)
     queued = [asyncio.ensure_future(worker.semantic(_request(10, seed=i))) for i in range(3)]
     queued += [asyncio.ensure_future(worker.call(lambda: 1, priority=BACKGROUND))]
+    talk = worker.open()  # and sentences handed over: one's GPT queued, the next one's waiting for it
+    queued += [asyncio.ensure_future(talk.sentence(i).speak(_utterance(tiny_engine, r), request=r))
+               for i, r in enumerate([_request(10, seed=5), _request(11, seed=6)])]
     await asyncio.sleep(0.05)
     closing = asyncio.get_running_loop().run_in_executor(None, worker.close)
     await asyncio.sleep(0.05)
@@ -179,40 +191,52 @@ async def test_every_job_ends_when_the_worker_closes(tiny_engine):
     assert await _ended(blocker) is True  # the call that was running finished
     with pytest.raises(WorkerClosed):
         await worker.call(lambda: 1)
+    with pytest.raises(WorkerClosed):
+        await talk.sentence(2).speak(_utterance(tiny_engine, _request(10, seed=7)), request=_request(10, seed=7))
 
 
-async def test_a_deadline_bounds_waiting_not_running(tiny_engine):
-    """A job whose clock has not started never expires; one that waited past its bound fails at once."""
+async def test_a_wait_bound_limits_waiting_not_running(tiny_engine):
+    """A sentence's work whose listener is not waiting yet never expires; once waited for, it may wait ``wait_s``
+    from when it was queued or from when the waiting began, whichever is later; a plain call's deadline is a time."""
     now = [100.0]
     worker = DeviceWorker(tiny_engine, clock=lambda: now[0])
     try:
-        pending = Deadline(5.0)  # nobody waits for it yet
-        assert await worker.call(lambda: "ran", deadline=pending) == "ran"
-        late = Deadline(5.0)
-        late.start(now[0] - 6.0)  # somebody has waited 6 s already, and the job was queued before that
+        talk = worker.open()
+        pending = talk.sentence(0, 5.0)  # nobody waits for it yet
+        now[0] += 50.0
+        assert await pending.call(worker, lambda: "ran") == "ran"
+        late = talk.sentence(1, 5.0)
+        now[0] -= 6.0
+        late.waiting()  # somebody has waited 6 s already, and the job is queued after that
+        now[0] += 6.0
         gate = threading.Event()
         blocker = asyncio.ensure_future(worker.call(lambda: gate.wait(HANG_GUARD_S)))
         await asyncio.sleep(0.05)
-        job = asyncio.ensure_future(worker.call(lambda: "ran", deadline=late))
+        job = asyncio.ensure_future(late.call(worker, lambda: "ran"))
         await asyncio.sleep(0.05)
-        now[0] += 1.0  # the job waited 1 s in the queue; the wait counted from its submission would still be fine
+        now[0] += 1.0  # the job waited 1 s in the queue; the wait counted from the waiting's start would be over
         gate.set()
         assert await _ended(blocker) is True
-        result = await _ended(job)
-        assert result == "ran"  # bound: max(started, submitted) + 5 s, and it was submitted 1 s ago
-        tokens, _ = await worker.semantic(_request(10, seed=3), deadline=Deadline(0.0, at=math.inf))
-        assert tokens.size >= 1  # a clock that never started: no limit but ``at``
-        started = Deadline(2.0)
-        started.start(now[0])
+        assert await _ended(job) == "ran"  # bound: max(started, submitted) + 5 s, and it was queued 1 s ago
+        started = talk.sentence(2, 2.0)
+        started.waiting()
         gate2 = threading.Event()
         blocker = asyncio.ensure_future(worker.call(lambda: gate2.wait(HANG_GUARD_S)))
         await asyncio.sleep(0.05)
-        job = asyncio.ensure_future(worker.semantic(_request(10, seed=4), deadline=started))
+        job = asyncio.ensure_future(started.call(worker, lambda: "ran"))
+        gpt = asyncio.ensure_future(worker.semantic(_request(10, seed=4), deadline=now[0] + 2.0))
         await asyncio.sleep(0.05)
-        now[0] += 3.0  # waited 3 s for the GPT, bound 2 s
+        now[0] += 3.0  # waited 3 s, bound 2 s
         gate2.set()
         await _ended(blocker)
         assert isinstance(await _ended(job), DeadlineError)
+        assert isinstance(await _ended(gpt), DeadlineError)
+        talk.played(now[0] + 1.0)  # once the request speaks, only its overall limit applies: it is finished
+        speaking = talk.sentence(3, 0.0)
+        speaking.waiting()
+        now[0] += 10.0
+        assert await _ended(speaking.call(worker, lambda: "ran")) == "ran"
+        talk.close()
     finally:
         worker.close()
 
@@ -241,19 +265,21 @@ async def test_a_request_running_out_of_audio_goes_first(tiny_engine):
     priority class, also before work somebody waits for and before requests admitted earlier."""
     now = [100.0]
     worker = DeviceWorker(tiny_engine, overlap=False, clock=lambda: now[0])
-    low, plenty = Playback(), Playback()
-    low.runs_out, plenty.runs_out = now[0] + LOW_BUFFER_S / 2, now[0] + 10 * LOW_BUFFER_S
-    opener = Deadline(60.0, opens=True)
-    opener.start(now[0])  # somebody waits for a first sentence
+    plenty, opening, low = worker.open(), worker.open(), worker.open()  # admitted in this order
+    plenty.played(now[0] + 10 * LOW_BUFFER_S)
+    low.played(now[0] + LOW_BUFFER_S / 2)
+    ahead = [plenty.sentence(i) for i in range(3)][2]  # a sentence rendered ahead of the one being played
+    first = opening.sentence(0)
+    first.waiting()  # somebody waits for a first sentence
+    running_out = [low.sentence(i) for i in range(2)][1]
     ran: list[str] = []
     try:
         gate = threading.Event()
         blocker = asyncio.ensure_future(worker.call(lambda: gate.wait(HANG_GUARD_S)))
         await asyncio.sleep(0.05)
-        jobs = [asyncio.ensure_future(worker.call(lambda n=n: ran.append(n), deadline=d, order=order))
-                for n, d, order in [("ahead, plenty left", Deadline(60.0, playback=plenty), (0, 2)),
-                                    ("first sentence", opener, (1, 0)),
-                                    ("ahead, running out", Deadline(60.0, playback=low), (2, 1))]]
+        jobs = [asyncio.ensure_future(work.call(worker, lambda n=n: ran.append(n)))
+                for n, work in [("ahead, plenty left", ahead), ("first sentence", first),
+                                ("ahead, running out", running_out)]]
         await asyncio.sleep(0.05)
         gate.set()
         await asyncio.gather(blocker, *jobs)
@@ -268,25 +294,26 @@ async def test_a_waited_for_call_interleaves_unless_the_gpt_keeps_speech_going(t
     urgent; not when that GPT work is for a request about to run out of audio and the call is not."""
     now = [100.0]
     worker = DeviceWorker(tiny_engine, overlap=False, clock=lambda: now[0])
-    playback = Playback()
-    playback.runs_out = now[0] + (LOW_BUFFER_S / 2 if running_out else math.inf)
-    speaking = Deadline(60.0, playback=playback)
-    speaking.start(now[0])
-    opener = Deadline(60.0, opens=True)
-    opener.start(now[0])
+    speaking, opening = worker.open(), worker.open()
+    if running_out:
+        speaking.played(now[0] + LOW_BUFFER_S / 2)
+    spoken, second = [speaking.sentence(i) for i in range(2)]
+    spoken.settle()  # (sentence 0 was spoken: sentence 1's GPT may run)
+    second.waiting()
+    first = opening.sentence(0)
+    first.waiting()
     steps_at_call: list[int] = []
     try:
         gate = threading.Event()
         blocker = asyncio.ensure_future(worker.call(lambda: gate.wait(HANG_GUARD_S)))
         await asyncio.sleep(0.05)
-        gpt = asyncio.ensure_future(worker.semantic(_request(12, seed=5, steps=40), deadline=speaking, order=(0, 1)))
-        call = asyncio.ensure_future(worker.call(lambda: steps_at_call.append(worker.gpt_steps), deadline=opener,
-                                                 order=(1, 0)))
+        request = _request(12, seed=5, steps=40)
+        gpt = asyncio.ensure_future(second.speak(_utterance(tiny_engine, request), request=request))
+        call = asyncio.ensure_future(first.call(worker, lambda: steps_at_call.append(worker.gpt_steps)))
         await asyncio.sleep(0.05)
         gate.set()
         await asyncio.gather(blocker, gpt, call)
     finally:
         worker.close()
-    tokens, _ = gpt.result()
     assert worker.gpt_steps >= 3  # (a decode of several steps, so the two cases differ)
     assert steps_at_call == ([worker.gpt_steps] if running_out else [1])
