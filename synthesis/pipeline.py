@@ -27,7 +27,8 @@ from engines.base import DIFFUSION_FAMILIES, SAMPLE_RATE, SamplingParams, Semant
 from synthesis.admission import Admission, AdmittedStream
 from synthesis.cache_lane import SpeechCache
 from synthesis.metrics import PipelineStats
-from synthesis.scheduler import LIVE, Clock, DeviceWorker, RequestHandle, SentenceHandle
+from synthesis.scheduler import LIVE, Clock, DeviceWorker
+from synthesis.speaking import RequestHandle, SentenceHandle
 from synthesis.stages import SentenceJob, Stages, finish
 from synthesis.text import SentenceStream, split_sentences, text_to_phonemes
 from synthesis.types import AudioChunk, DeadlineError, Limits, SynthesisParams, Voice

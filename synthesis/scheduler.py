@@ -1,7 +1,7 @@
 """One worker per device: it owns the engine, decides every step, and runs everything that touches it.
 
 It is the single scheduler: the pipeline hands it each sentence's work (:meth:`DeviceWorker.open`, then
-:meth:`SentenceHandle.speak`) and awaits its audio; the worker holds every request's state
+:meth:`~synthesis.speaking.SentenceHandle.speak`) and awaits its audio; the worker holds every request's state
 (:mod:`synthesis.speaking`: admission order, when its listener runs out of audio, what each sentence decoded) and
 decides on its own thread which GPT steps and which vocoder decodes run next, consulting each sentence's window plan
 (:mod:`synthesis.windows`). The event loop only posts messages (a sentence's work, playback progress, a listener
@@ -51,7 +51,8 @@ import numpy as np
 
 from engines import Engine, EngineError, SpeechError
 from engines.base import SemanticBatch, SemanticRequest
-from synthesis.speaking import LOW_BUFFER_S, Sentence, SentenceAudio, Speaking, Utterance, complete
+from synthesis.speaking import (Cancelled, Handed, Message, Opened, Played, Registered, RequestHandle, Sentence,
+                                SentenceAudio, Settled, Speaking, Utterance, Waiting, WorkerClosed, complete)
 from synthesis.types import DeadlineError
 from synthesis.windows import Piece, SampledPieces, WindowPlan
 
@@ -66,11 +67,7 @@ _IDLE_POLL_S = 0.05  # how often an idle lane checks for shutdown
 RESERVE_DIVISOR = 4  # capacity // this many decode slots are kept for requests that are already speaking
 MAX_GPT_ATTEMPTS = 3  # decode attempts of one request whose batch failed before it fails too (a safety net)
 Clock = Callable[[], float]
-__all__ = ["BACKGROUND", "LIVE", "LOW_BUFFER_S", "DeviceWorker", "RequestHandle", "SentenceHandle", "WorkerClosed"]
-
-
-class WorkerClosed(SpeechError):
-    """The synthesis worker has shut down."""
+__all__ = ["BACKGROUND", "LIVE", "DeviceWorker"]
 
 
 @dataclass(eq=False)
@@ -156,7 +153,7 @@ class DeviceWorker:
         self._requests: dict[int, Speaking] = {}  # the requests being spoken (the device threads' alone)
         self._rids = itertools.count()  # admission order (live and background requests share it)
         self._live = 0  # live requests open
-        self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()  # from the event loop, in order
+        self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()  # from the event loop, in order
         self._state = threading.RLock()  # the requests' state, between the two device threads of a GPU
         if self.overlap:
             targets = [(self._gpt_loop, "voicebot-gpt"), (self._call_loop, "voicebot-vocoder")]
@@ -179,9 +176,9 @@ class DeviceWorker:
 
     def open(self, *, priority: int = LIVE, at: float = math.inf) -> RequestHandle:
         """A request to speak, admitted now: its sentences are handed over through the handle
-        (:meth:`RequestHandle.sentence`); ``at`` is an overall ``clock()`` limit on its waiting."""
+        (:meth:`~synthesis.speaking.RequestHandle.sentence`); ``at`` is an overall ``clock()`` limit on its waiting."""
         state = Speaking(self.next_request(), priority, at, live=priority == LIVE)
-        self._post(_Opened(state))
+        self._post(Opened(state))
         return RequestHandle(state, self._post, self.clock)
 
     async def semantic(self, request: SemanticRequest, *, priority: int = LIVE,
@@ -209,7 +206,7 @@ class DeviceWorker:
     async def call(self, fn: Callable[[], T], *, priority: int = LIVE, deadline: float | None = None,
                    order: tuple[Any, ...] = (), sentence: Sentence | None = None) -> T:
         """Run ``fn()`` on the vocoder lane and return its result (``deadline`` bounds the wait for the lane; for a
-        sentence's work, see :meth:`SentenceHandle.call`)."""
+        sentence's work, see :meth:`~synthesis.speaking.SentenceHandle.call`)."""
         loop = asyncio.get_running_loop()
         job = _CallJob(priority, deadline, loop, loop.create_future(), order=order, sentence=sentence, fn=fn)
         self._submit(self._call_queue, job)
@@ -232,7 +229,7 @@ class DeviceWorker:
 
     # ---- messages from the event loop (applied on a device thread, between two steps) --------------------------
 
-    def _post(self, message: _Message) -> bool:
+    def _post(self, message: Message) -> bool:
         """Queue a message for the device thread; False when the worker is closed (the message is dropped)."""
         if self._closed.is_set():
             return False
@@ -251,23 +248,23 @@ class DeviceWorker:
                     return
                 self._apply(message)
 
-    def _apply(self, m: _Message) -> None:
-        if isinstance(m, _Opened):
+    def _apply(self, m: Message) -> None:
+        if isinstance(m, Opened):
             self._opened(m.request)
-        elif isinstance(m, _Registered):
+        elif isinstance(m, Registered):
             self._registered(m.sentence)
-        elif isinstance(m, _Handed):
+        elif isinstance(m, Handed):
             s = m.sentence
             s.loop, s.future, s.on_audio = m.loop, m.future, m.on_audio
             self._handed(s, m.utterance, m.tokens, m.request)
-        elif isinstance(m, _Waiting):
+        elif isinstance(m, Waiting):
             if m.sentence.started == math.inf:
                 m.sentence.started = m.now
-        elif isinstance(m, _Played):
+        elif isinstance(m, Played):
             m.request.runs_out = m.runs_out
-        elif isinstance(m, _Cancelled):
+        elif isinstance(m, Cancelled):
             self._cancelled(m.sentence)
-        elif isinstance(m, _Settled):
+        elif isinstance(m, Settled):
             if m.sentence.utterance is None:  # (its audio was cached, or it failed before its work was handed over)
                 self._cancelled(m.sentence)
         else:
@@ -785,131 +782,3 @@ class _GptState:
     batch: SemanticBatch | None = None
     running: dict[int, _GptJob] = field(default_factory=dict[int, _GptJob])
     ids: itertools.count[int] = field(default_factory=itertools.count)
-
-
-
-# ---- messages: what the event loop tells the worker (applied on a device thread, in the order they were posted) ----
-
-@dataclass(frozen=True)
-class _Opened:
-    request: Speaking  # admitted
-
-
-@dataclass(frozen=True)
-class _Registered:
-    sentence: Sentence  # the request's next sentence
-
-
-@dataclass(frozen=True)
-class _Handed:
-    """A sentence's work, with where its audio goes."""
-
-    sentence: Sentence
-    utterance: Utterance
-    tokens: np.ndarray | None
-    request: SemanticRequest | None
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[SentenceAudio]
-    on_audio: Callable[[np.ndarray], None] | None
-
-
-@dataclass(frozen=True)
-class _Waiting:
-    sentence: Sentence  # its listener waits for it from ``now`` on
-    now: float
-
-
-@dataclass(frozen=True)
-class _Played:
-    request: Speaking  # its listener has audio until ``runs_out``
-    runs_out: float
-
-
-@dataclass(frozen=True)
-class _Cancelled:
-    sentence: Sentence  # nobody waits for it any more
-
-
-@dataclass(frozen=True)
-class _Settled:
-    sentence: Sentence  # needs nothing (more) from the worker
-
-
-@dataclass(frozen=True)
-class _Closed:
-    request: Speaking  # its stream ended
-
-
-_Message = _Opened | _Registered | _Handed | _Waiting | _Played | _Cancelled | _Settled | _Closed
-Post = Callable[[_Message], bool]
-
-
-class RequestHandle:
-    """The event loop's side of a request the worker speaks (:meth:`DeviceWorker.open`): it registers the request's
-    sentences in order and reports playback, as messages; it never touches the worker's state."""
-
-    def __init__(self, state: Speaking, post: Post, clock: Clock) -> None:
-        self._state = state
-        self._post = post
-        self._clock = clock
-
-    @property
-    def rid(self) -> int:
-        """The request's place in the admission order."""
-        return self._state.rid
-
-    def sentence(self, index: int, wait_s: float = math.inf) -> SentenceHandle:
-        """Register the request's next sentence (in order: sentence ``index`` comes after ``index - 1``); its work
-        may wait ``wait_s`` for the device once somebody waits for it (:meth:`SentenceHandle.waiting`)."""
-        s = Sentence(self._state, index, wait_s)
-        self._post(_Registered(s))
-        return SentenceHandle(s, self._post, self._clock)
-
-    def played(self, runs_out: float) -> None:
-        """The listener has audio until ``runs_out`` (a ``clock()`` time): the request is speaking."""
-        self._post(_Played(self._state, runs_out))
-
-    def close(self) -> None:
-        """The request ended: nothing more of it runs."""
-        self._post(_Closed(self._state))
-
-
-class SentenceHandle:
-    """The event loop's side of one sentence: its work handed over, its audio awaited."""
-
-    def __init__(self, state: Sentence, post: Post, clock: Clock) -> None:
-        self._state = state
-        self._post = post
-        self._clock = clock
-
-    @property
-    def order(self) -> tuple[int, int]:
-        """(request, sentence): its place in the worker's order."""
-        return self._state.request.rid, self._state.index
-
-    async def call(self, worker: DeviceWorker, fn: Callable[[], T]) -> T:
-        """``fn()`` on ``worker``'s vocoder lane as this sentence's work (its class, order, urgency, wait bound)."""
-        return await worker.call(fn, priority=self._state.request.priority, order=self.order, sentence=self._state)
-
-    async def speak(self, utterance: Utterance, *, tokens: np.ndarray | None = None,
-                    request: SemanticRequest | None = None,
-                    on_audio: Callable[[np.ndarray], None] | None = None) -> SentenceAudio:
-        """The sentence, from its ``tokens`` (a prosody-cache hit) or its GPT ``request``: the whole sentence, once
-        spoken; ``on_audio`` gets its early audio on this event loop as it is made (windows, a sampler's chunks)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[SentenceAudio] = loop.create_future()
-        if not self._post(_Handed(self._state, utterance, tokens, request, loop, future, on_audio)):
-            raise WorkerClosed("the synthesis worker is shut down")
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._post(_Cancelled(self._state))
-            raise
-
-    def waiting(self) -> None:
-        """The listener waits for this sentence from now on (its wait bound starts)."""
-        self._post(_Waiting(self._state, self._clock()))
-
-    def settle(self) -> None:
-        """The sentence needs nothing (more) from the worker: its audio was cached, or it ended here."""
-        self._post(_Settled(self._state))

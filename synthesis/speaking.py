@@ -1,9 +1,10 @@
-"""What the device worker knows of each request it speaks: the state it alone reads and writes, on its own thread.
+"""What the device worker knows of each request it speaks, and how the event loop talks to it about them.
 
 A request (:class:`Speaking`) is opened when it is admitted and closed when its stream ends; its sentences
 (:class:`Sentence`) are registered in order as the text is split, each then handed its :class:`Utterance` (with its
-tokens on a prosody-cache hit, else a GPT request). The event loop never writes these fields: it posts messages
-(``synthesis.scheduler``'s handles), which the worker applies between two steps.
+tokens on a prosody-cache hit, else a GPT request). The worker alone reads and writes that state, on its own thread;
+the event loop holds handles (:class:`RequestHandle`, :class:`SentenceHandle`) that post messages (:data:`Message`),
+which the worker applies between two steps, in the order they were posted.
 """
 
 from __future__ import annotations
@@ -11,16 +12,22 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import numpy as np
 
-from engines.base import VoicePrompt
+from engines.base import SemanticRequest, SpeechError, VoicePrompt
 from synthesis.windows import Piece, SampledPieces, WindowPlan
+
+T = TypeVar("T")
 
 # A speaking request with less audio than this left to play: its work goes first. Shorter guards let more streams
 # than the cores keep up with break each other's speech (see FINDINGS.md#playback-guard).
 LOW_BUFFER_S = 3.0
+
+
+class WorkerClosed(SpeechError):
+    """The synthesis worker has shut down."""
 
 
 def complete(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any = None,
@@ -182,3 +189,137 @@ class Sentence:
                 self.loop.call_soon_threadsafe(self.on_audio, audio)
             except RuntimeError:
                 pass
+
+
+# ---- messages: what the event loop tells the worker (applied on a device thread, in the order they were posted) -
+
+@dataclass(frozen=True)
+class Opened:
+    request: Speaking  # admitted
+
+
+@dataclass(frozen=True)
+class Registered:
+    sentence: Sentence  # the request's next sentence
+
+
+@dataclass(frozen=True)
+class Handed:
+    """A sentence's work, with where its audio goes."""
+
+    sentence: Sentence
+    utterance: Utterance
+    tokens: np.ndarray | None
+    request: SemanticRequest | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[SentenceAudio]
+    on_audio: Callable[[np.ndarray], None] | None
+
+
+@dataclass(frozen=True)
+class Waiting:
+    sentence: Sentence  # its listener waits for it from ``now`` on
+    now: float
+
+
+@dataclass(frozen=True)
+class Played:
+    request: Speaking  # its listener has audio until ``runs_out``
+    runs_out: float
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    sentence: Sentence  # nobody waits for it any more
+
+
+@dataclass(frozen=True)
+class Settled:
+    sentence: Sentence  # needs nothing (more) from the worker
+
+
+@dataclass(frozen=True)
+class Closed:
+    request: Speaking  # its stream ended
+
+
+Message = Opened | Registered | Handed | Waiting | Played | Cancelled | Settled | Closed
+Post = Callable[[Message], bool]
+
+
+class Calls(Protocol):
+    """What runs a sentence's own calls (the device worker's ``call``)."""
+
+    async def call(self, fn: Callable[[], T], *, priority: int = ..., deadline: float | None = None,
+                   order: tuple[Any, ...] = (), sentence: Sentence | None = None) -> T: ...
+
+
+class RequestHandle:
+    """The event loop's side of a request the worker speaks (:meth:`DeviceWorker.open`): it registers the request's
+    sentences in order and reports playback, as messages; it never touches the worker's state."""
+
+    def __init__(self, state: Speaking, post: Post, clock: Callable[[], float]) -> None:
+        self._state = state
+        self._post = post
+        self._clock = clock
+
+    @property
+    def rid(self) -> int:
+        """The request's place in the admission order."""
+        return self._state.rid
+
+    def sentence(self, index: int, wait_s: float = math.inf) -> SentenceHandle:
+        """Register the request's next sentence (in order: sentence ``index`` comes after ``index - 1``); its work
+        may wait ``wait_s`` for the device once somebody waits for it (:meth:`SentenceHandle.waiting`)."""
+        s = Sentence(self._state, index, wait_s)
+        self._post(Registered(s))
+        return SentenceHandle(s, self._post, self._clock)
+
+    def played(self, runs_out: float) -> None:
+        """The listener has audio until ``runs_out`` (a ``clock()`` time): the request is speaking."""
+        self._post(Played(self._state, runs_out))
+
+    def close(self) -> None:
+        """The request ended: nothing more of it runs."""
+        self._post(Closed(self._state))
+
+
+class SentenceHandle:
+    """The event loop's side of one sentence: its work handed over, its audio awaited."""
+
+    def __init__(self, state: Sentence, post: Post, clock: Callable[[], float]) -> None:
+        self._state = state
+        self._post = post
+        self._clock = clock
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """(request, sentence): its place in the worker's order."""
+        return self._state.request.rid, self._state.index
+
+    async def call(self, worker: Calls, fn: Callable[[], T]) -> T:
+        """``fn()`` on ``worker``'s vocoder lane as this sentence's work (its class, order, urgency, wait bound)."""
+        return await worker.call(fn, priority=self._state.request.priority, order=self.order, sentence=self._state)
+
+    async def speak(self, utterance: Utterance, *, tokens: np.ndarray | None = None,
+                    request: SemanticRequest | None = None,
+                    on_audio: Callable[[np.ndarray], None] | None = None) -> SentenceAudio:
+        """The sentence, from its ``tokens`` (a prosody-cache hit) or its GPT ``request``: the whole sentence, once
+        spoken; ``on_audio`` gets its early audio on this event loop as it is made (windows, a sampler's chunks)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[SentenceAudio] = loop.create_future()
+        if not self._post(Handed(self._state, utterance, tokens, request, loop, future, on_audio)):
+            raise WorkerClosed("the synthesis worker is shut down")
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._post(Cancelled(self._state))
+            raise
+
+    def waiting(self) -> None:
+        """The listener waits for this sentence from now on (its wait bound starts)."""
+        self._post(Waiting(self._state, self._clock()))
+
+    def settle(self) -> None:
+        """The sentence needs nothing (more) from the worker: its audio was cached, or it ended here."""
+        self._post(Settled(self._state))

@@ -27,8 +27,8 @@ from engines.base import DIFFUSION_FAMILIES, SAMPLE_RATE, SamplingParams, Semant
 from synthesis.cache import SynthesisCache
 from synthesis.cache_lane import SpeechCache
 from synthesis.metrics import PipelineStats
-from synthesis.scheduler import LIVE, DeviceWorker, SentenceHandle
-from synthesis.speaking import Utterance
+from synthesis.scheduler import LIVE, DeviceWorker
+from synthesis.speaking import SentenceHandle, Utterance
 from synthesis.text import Phonemes, bert_features, normalize_for_cache, text_to_phonemes
 from synthesis.types import AudioChunk, SynthesisParams, Voice
 

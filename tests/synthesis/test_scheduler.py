@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from engines.base import EngineError, SamplingParams, SemanticRequest, VoicePrompt
-from synthesis.scheduler import BACKGROUND, LIVE, LOW_BUFFER_S, DeviceWorker, WorkerClosed
-from synthesis.speaking import Utterance
+from synthesis.scheduler import BACKGROUND, LIVE, DeviceWorker
+from synthesis.speaking import LOW_BUFFER_S, Utterance, WorkerClosed
 from synthesis.types import DeadlineError
 
 HANG_GUARD_S = 300  # only against a hang: a job that never ends fails the test instead of blocking the run
