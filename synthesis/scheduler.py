@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LOW, WAITED, AHEAD = 0, 1, 2  # urgency within a priority class (see _Job.urgency)
+_URGENCY = {LOW: "its listener runs out of audio", WAITED: "its listener waits for it", AHEAD: "rendered ahead"}
 LIVE = 0  # priority of requests somebody is waiting for
 BACKGROUND = 10  # priority of precompute work
 _IDLE_POLL_S = 0.05  # how often an idle lane checks for shutdown
@@ -613,11 +614,14 @@ class DeviceWorker:
 
     def _trace(self, job: _Job, what: str) -> None:
         """Why a job ran when it did, at DEBUG (``logging.getLogger("synthesis.scheduler")``): what it is, how long
-        it waited for its turn, and the key that placed it (class, urgency, order)."""
+        it waited for its turn, and what placed it (class, urgency, order)."""
         if log.isEnabledFor(logging.DEBUG):
             now = self.clock()
-            log.debug("%s %s after %.0f ms (key %s)", job.what or "a call", what, 1000 * (now - job.submitted),
-                      self._key(job, now))
+            s = job.sentence
+            name = job.what or (f"request {s.request.rid} sentence {s.index}: a call" if s is not None else "a call")
+            log.debug("%s %s after %.0f ms (%s, %s, order %s)", name, what, 1000 * (now - job.submitted),
+                      "live" if job.priority == LIVE else f"priority {job.priority}", _URGENCY[job.urgency(now)],
+                      job.order)
 
     def _gpt_tick(self) -> None:
         """Admit queued requests, drop cancelled ones, run one decode step, deliver finished requests."""
