@@ -393,6 +393,7 @@ class DeviceWorker:
             audio = np.asarray(self.engine.decode(s.all_tokens()[piece.start:piece.end], u.phones, u.prompt, u.speed,
                                                   u.noise_scale, u.seed, piece.noise_offset, steps=u.steps,
                                                   cfg=u.cfg), np.float32)
+        self._apply_inbox()  # (what came meanwhile, e.g. another request: whether this window may go out now)
         with self._state:
             s.vocoder_s += time.perf_counter() - t0
             s.busy = False

@@ -335,6 +335,7 @@ async def test_two_guilds_speak_at_once_in_their_own_voices(env: BotEnv) -> None
         await _say(env, lay.guild_id, lay.admin_id, text)
         rec = standin.voice(lay.guild_id)
         await rec.wait_first_packet(timeout=15)
+        await env.synth.wait_closed(env.synth.streams[-1], 30)  # (a pause in speech on a loaded machine is no end)
         await rec.wait_silence(quiet_ms=300, timeout=15)
         solo[lay.guild_id] = _mono(rec.pcm(skip_silence=True))
         rec.clear()
@@ -345,6 +346,8 @@ async def test_two_guilds_speak_at_once_in_their_own_voices(env: BotEnv) -> None
         env.synth.real.cache.store.invalidate_voice(v.id)
     env.synth.hold = lambda: len(env.synth.streams) >= 4  # each holds its second chunk until both have started
     await asyncio.gather(*(_say(env, lay.guild_id, lay.admin_id, text) for lay in (one, two)))
+    for record in (await env.synth.wait_streams(4))[2:]:
+        await env.synth.wait_closed(record, 30)
     for lay in (one, two):
         await standin.voice(lay.guild_id).wait_silence(quiet_ms=300, timeout=15)
     concurrent = {lay.guild_id: _mono(standin.voice(lay.guild_id).pcm(skip_silence=True)) for lay in (one, two)}
