@@ -216,7 +216,7 @@ class Synthesizer:
                 work = talk.sentence(index, wait_s)
                 windows = first_window if index == 0 and not diffusion and p.speed <= EARLY_MAX_SPEED else 0
                 early: asyncio.Queue[AudioChunk | None] = asyncio.Queue()
-                item = _InFlight(asyncio.create_task(self._render(job, work, max(0, windows), early)), job, work,
+                item = _InFlight(asyncio.create_task(self._render(job, work, windows, early)), job, work,
                                  early)
                 try:
                     await order.put(item)

@@ -292,8 +292,7 @@ class DeviceWorker:
         else:
             s.plan = WindowPlan(u.first_window, u.speed, u.sample_rate)
         if tokens is not None:
-            s.tokens = np.asarray(tokens, np.int64)
-            s.known = int(s.tokens.size)
+            s.all_known(tokens)
         else:
             assert request is not None
             s.gpt = _GptJob(r.priority, None, None, None, order=(r.rid, s.index), sentence=s,
@@ -445,8 +444,7 @@ class DeviceWorker:
                 s.deliver(error=error)
             elif not s.ended:
                 tokens, s.gpt_s = result
-                s.tokens = np.asarray(tokens, np.int64)
-                s.known = int(s.tokens.size)
+                s.all_known(tokens)
             self._advance(s.request)
 
     # ---- internals -------------------------------------------------------------------------------------------

@@ -161,6 +161,11 @@ class Sentence:
         self.seen.append(np.asarray(tokens, np.int64))
         self.known += int(tokens.size)
 
+    def all_known(self, tokens: np.ndarray) -> None:
+        """Every token of it is known (its GPT ended, or the prosody cache had them)."""
+        self.tokens = np.asarray(tokens, np.int64)
+        self.known = int(self.tokens.size)
+
     def all_tokens(self) -> np.ndarray:
         """The tokens known so far (all of them once :attr:`tokens` is set)."""
         if self.tokens is not None:
