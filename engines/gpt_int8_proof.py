@@ -186,9 +186,10 @@ def prove_int8_gpt(fp32: GptDecoder, int8: GptDecoder, method: str, steps: int =
                     time.perf_counter() - t0)
 
 
-def proof_key(gpt_path: Path, method: str) -> str:
+def proof_key(gpt_path: Path, method: str, kernels: str = "") -> str:
     """What a kept verdict holds for: the GPT file (name, size, modification time), the method and its bound, the
-    int8 kernels' library versions, the sentences and the window."""
+    int8 kernels (``kernels``: a library other than the method's usual one) and their versions, the sentences and the
+    window."""
     digest = hashlib.sha256()
     st = gpt_path.stat()
     digest.update(f"{gpt_path.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
@@ -199,6 +200,8 @@ def proof_key(gpt_path: Path, method: str) -> str:
         runtime += f"|ort {onnxruntime.__version__}"
     digest.update(SENTENCES.read_bytes())
     digest.update(f"{method}|{BOUNDS[method]}|{runtime}|{PROOF_STEPS}|{REPETITION_PENALTY}|{KEPT_SCHEMA}".encode())
+    if kernels:
+        digest.update(f"|{kernels}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -206,11 +209,12 @@ def _record(folder: Path, key: str) -> Path:
     return folder / f"gpt-int8-{key}.json"
 
 
-def kept_proof(folder: Path | None, gpt_path: Path, method: str) -> GptProof | None:
-    """The verdict kept in ``folder`` for this GPT file and method, or None (none kept, unreadable, or stale)."""
+def kept_proof(folder: Path | None, gpt_path: Path, method: str, kernels: str = "") -> GptProof | None:
+    """The verdict kept in ``folder`` for this GPT file, method and kernels, or None (none kept, unreadable, or
+    stale)."""
     if folder is None:
         return None
-    key = proof_key(gpt_path, method)
+    key = proof_key(gpt_path, method, kernels)
     try:
         data = json.loads(_record(folder, key).read_text())
         if data.get("schema") != KEPT_SCHEMA or data.get("key") != key:
@@ -233,17 +237,19 @@ def _keep(folder: Path, key: str, proof: GptProof) -> None:
         log.warning("could not keep the int8 GPT's proof in %s (%s): it runs again at the next start", folder, e)
 
 
-def proven(gpt_path: Path, method: str, folder: Path | None, prove: Callable[[], GptProof]) -> GptProof:
+def proven(gpt_path: Path, method: str, folder: Path | None, prove: Callable[[], GptProof],
+           kernels: str = "") -> GptProof:
     """The int8 GPT's verdict on the model at ``gpt_path``: kept in ``folder`` (None: nothing kept), else measured
     by ``prove`` (once, then kept); logged in one line either way."""
-    proof = kept_proof(folder, gpt_path, method)
+    proof = kept_proof(folder, gpt_path, method, kernels)
     fresh = proof is None
     if proof is None:
         log.info("proving the int8 GPT on this model (once)...")
         proof = prove()
         if folder is not None:
-            _keep(folder, proof_key(gpt_path, method), proof)
+            _keep(folder, proof_key(gpt_path, method, kernels), proof)
     how = "" if fresh else " (kept)"
+    method = f"{method}, {kernels}" if kernels else method
     if proof.passed:
         log.info("int8 GPT (%s): logits within %.3f of fp32's on %d built-in sentences, the stop kept (bound %.2f)%s",
                  method, proof.max_error, proof.sentences, proof.bound, how)

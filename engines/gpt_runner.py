@@ -15,7 +15,7 @@ from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
 from engines.gpt_sovits.gpt import Text2SemanticModel
 from engines.plan import EnginePlan
 
-__all__ = ["load_gpt"]
+__all__ = ["load_gpt", "proof_kernels"]
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # the plan's float weight formats
 
@@ -52,16 +52,24 @@ def load_gpt(path: Path, plan: EnginePlan, proofs: Path | None = None) -> tuple[
     made: list[Text2SemanticModel] = []
 
     def prove() -> GptProof:
-        made.append(_int8(copy.deepcopy(gpt), weight_only, lib))  # (before the reference fills fp32's cache)
+        # (before the reference fills fp32's cache)
+        made.append(_int8(copy.deepcopy(gpt), weight_only, lib, plan.prefill_gemm))
         return prove_int8_gpt(gpt.use_fused_step(lib), made[0], method)
 
-    proof = proven(path, method, proofs, prove)
+    proof = proven(path, method, proofs, prove, proof_kernels(plan))
     if not proof.passed:
         return gpt.use_fused_step(lib), plan.gpt_in_fp32(
             f"the int8 GPT missed its proof on this model ({proof.reason}): it runs in fp32")
-    return (made[0] if made else _int8(gpt, weight_only, lib)), plan
+    return (made[0] if made else _int8(gpt, weight_only, lib, plan.prefill_gemm)), plan
 
 
-def _int8(gpt: Text2SemanticModel, weight_only: bool, lib: Any) -> Text2SemanticModel:
+def proof_kernels(plan: EnginePlan) -> str:
+    """What else, beside the method, the int8 GPT's proof holds for: another GEMM rounds the prefill's activations its
+    own way, so it gets a verdict of its own ("": fbgemm's, the method's usual one)."""
+    return "prefill onednn" if plan.prefill_gemm == "onednn" else ""
+
+
+def _int8(gpt: Text2SemanticModel, weight_only: bool, lib: Any, prefill_gemm: str) -> Text2SemanticModel:
     """``gpt`` quantised in place as the plan runs it, with its step."""
-    return gpt.quantize_int8(weight_only=weight_only).use_fused_step(lib)
+    gpt.quantize_int8(weight_only=weight_only, prefill_gemm=prefill_gemm or "fbgemm")
+    return gpt.use_fused_step(lib)

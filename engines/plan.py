@@ -16,7 +16,8 @@ What ``auto`` picks and why (measured with ``python -m bot bench``; figures in F
   another process takes a core. Precision ``int8``: the GPT's linears int8 per output channel, weight-only, with a
   bf16 KV cache (proven along upstream's greedy paths within a logit bound, tests/engines/test_int8_proof.py);
   the int8 GPT, vocoder and BERT run where their proofs hold on the loaded model, else fp32 (logged; the engine's
-  plan then says fp32 for what runs in fp32: :meth:`EnginePlan.gpt_in_fp32`).
+  plan then says fp32 for what runs in fp32: :meth:`EnginePlan.gpt_in_fp32`). The int8 prefill's products run on
+  oneDNN where the CPU has AMX, else on fbgemm.
 - on an NVIDIA GPU: TensorRT for fp16 where it is installed, else torch with CUDA graphs.
 """
 
@@ -102,6 +103,7 @@ class MachineProbe:
     tensorrt: TensorRT is importable.
     onnxruntime: ONNX Runtime is importable.
     onnxruntime_cuda: its CUDA execution provider is available (onnxruntime-gpu).
+    amx: the CPU's AMX tiles, as its libraries see them (CPUID): oneDNN's int8 products then run on them.
     """
 
     cpu: str = ""
@@ -114,6 +116,7 @@ class MachineProbe:
     tensorrt: bool = False
     onnxruntime: bool = True
     onnxruntime_cuda: bool = False
+    amx: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,8 @@ class EnginePlan:
     vocoder: ``torch``, ``ort-fp32``, ``ort-int8-if-proven`` (int8 where its proof holds on the loaded model, else
         fp32, logged), ``ort-int8`` (int8 whatever the proof says), ``tensorrt`` (fp16), or for the diffusion
         families ``torch`` / ``ort-fp32`` / ``ort-int8-if-proven`` as :attr:`diffusion_path` runs it.
+    prefill_gemm: the library of the int8 prefill's products (the fused step's int8 GPT on a CPU): ``onednn`` where
+        the CPU has AMX, else ``fbgemm``; ``""`` where the prefill runs no int8 GEMM.
     bert: ``fp32``, ``fp16``, ``bf16`` or ``int8-if-proven``.
     diffusion_path: the v3/v4/v5 decoder's path (``fast``, ``fp32``, ``naive``); ``""`` for the v2 families.
     threads: CPU threads of the engine's worker (torch, ONNX Runtime, the fused step's team).
@@ -158,23 +163,26 @@ class EnginePlan:
     max_batch: int
     notes: tuple[str, ...] = ()
     fallback: EnginePlan | None = field(default=None, repr=False)
+    prefill_gemm: str = ""
 
     def labels(self) -> dict[str, str]:
         """The plan as string labels (``/metrics``' engine info, the bench's meta)."""
         return {"backend": self.backend, "device": self.device, "device_name": self.device_name,
                 "precision": self.precision, "gpt_runner": self.gpt_runner, "gpt_weights": self.gpt_weights,
-                "kv_dtype": self.kv_dtype, "vocoder": self.vocoder, "bert": self.bert,
+                "kv_dtype": self.kv_dtype, "prefill_gemm": self.prefill_gemm, "vocoder": self.vocoder,
+                "bert": self.bert,
                 "diffusion_path": self.diffusion_path, "threads": str(self.threads)}
 
     def gpt_in_fp32(self, why: str) -> EnginePlan:
         """This plan with its GPT in fp32 on the same runner (its int8 missed its proof on the loaded model:
         :mod:`engines.gpt_int8_proof`), so that what the engine reports is what runs; ``why`` joins the notes."""
         return replace(self, gpt_weights="fp32", kv_dtype=_kv_dtype(self.backend, "fp32", self.gpt_runner),
-                       notes=(*self.notes, why))
+                       prefill_gemm="", notes=(*self.notes, why))
 
     def describe(self) -> str:
         """One line for the log."""
-        gpt = f"GPT {self.gpt_runner} {self.gpt_weights} (KV {self.kv_dtype})"
+        prefill = f", prefill {self.prefill_gemm}" if self.prefill_gemm else ""
+        gpt = f"GPT {self.gpt_runner} {self.gpt_weights} (KV {self.kv_dtype}{prefill})"
         decoder = f", decoder {self.diffusion_path}" if self.diffusion_path else ""
         why = f" [{'; '.join(self.notes)}]" if self.notes else ""
         return (f"{self.backend} on {self.device} ({self.device_name}), {self.precision}: {gpt}, vocoder "
@@ -197,11 +205,13 @@ def probe_machine() -> MachineProbe:
 
         ort_cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     fused = cpu_step.load_library() is not None
+    # (torch asks CPUID, as oneDNN does: a CPU shown as AVX2-only says no here even where /proc/cpuinfo says amx)
+    amx_check = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return MachineProbe(cpu=cpu, cores=len(os.sched_getaffinity(0)), isa=tuple(f for f in ISA_FLAGS if f in flags),
                         compiler=cpu_step.find_compiler(), fused_step=fused,
                         fused_step_reason="" if fused else cpu_step.unavailable_reason() or "",
                         gpus=gpus, tensorrt=importlib.util.find_spec("tensorrt") is not None, onnxruntime=ort,
-                        onnxruntime_cuda=ort_cuda)
+                        onnxruntime_cuda=ort_cuda, amx=bool(amx_check()) if callable(amx_check) else False)
 
 
 def _cpu_info() -> tuple[str, set[str]]:
@@ -250,9 +260,11 @@ def plan_engine(settings: EngineSettings | Settings, probe: MachineProbe, *, dif
             fallback = plan_engine(replace(s, backend="torch"), probe, diffusion=diffusion)
         except EngineError:
             fallback = None  # a setting only the chosen backend runs (engine.vocoder_precision: int8...)
+    weights = _gpt_weights(precision, runner)
     return EnginePlan(
         backend=backend, device=device, device_name=_device_name(device, probe), precision=precision,
-        gpt_runner=runner, gpt_weights=_gpt_weights(precision, runner), kv_dtype=_kv_dtype(backend, precision, runner),
+        gpt_runner=runner, gpt_weights=weights, kv_dtype=_kv_dtype(backend, precision, runner),
+        prefill_gemm=_prefill_gemm(weights, probe),
         vocoder=_vocoder(s, backend, device, precision, probe, diffusion),
         bert=_bert(backend, device, precision, diffusion),
         diffusion_path=("fast" if device == "cpu" and precision == "int8" else "fp32") if diffusion else "",
@@ -379,6 +391,15 @@ def _gpt_weights(precision: str, runner: str) -> str:
     if precision != "int8":
         return precision
     return "int8-weight-only" if runner == "fused" else "int8-dynamic"
+
+
+def _prefill_gemm(weights: str, probe: MachineProbe) -> str:
+    """The int8 prefill's GEMM library (weight-only int8 runs it; see :attr:`EnginePlan.prefill_gemm`): oneDNN
+    where the CPU has AMX (its tiles halve the products' time; without them oneDNN was the slower one, see
+    FINDINGS.md#prefill-int8-gemm)."""
+    if weights != "int8-weight-only":
+        return ""
+    return "onednn" if probe.amx else "fbgemm"
 
 
 def _kv_dtype(backend: str, precision: str, runner: str) -> str:

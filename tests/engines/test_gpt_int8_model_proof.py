@@ -4,6 +4,7 @@ again, and a checkpoint whose weights int8 cannot round well runs in fp32 and th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -17,7 +18,7 @@ import torch
 
 from engines.base import EOS_TOKEN
 from engines.gpt_int8_proof import BOUNDS, SENTENCES, GptProof, judge, kept_proof, load_sentences
-from engines.gpt_runner import load_gpt
+from engines.gpt_runner import load_gpt, proof_kernels
 from engines.gpt_sovits import cpu_step
 from engines.gpt_sovits.sampling import MIN_STEPS_BEFORE_EOS
 from engines.plan import EnginePlan, Settings, plan_engine, probe_machine
@@ -165,7 +166,23 @@ def test_golden_gpt_passes_and_keeps_its_verdict(golden: Golden, tmp_path: Path,
         again, runs_again = load_gpt(golden.gpt_path, plan, tmp_path)
     assert runs_again == plan and again.quantized
     assert _proofs_run(caplog) == 1  # the second load read the kept verdict
-    assert kept_proof(tmp_path, golden.gpt_path, method) == GptProof(**{k: kept[k] for k in GptProof.__dataclass_fields__})
+    assert kept_proof(tmp_path, golden.gpt_path, method, proof_kernels(plan)) == GptProof(
+        **{k: kept[k] for k in GptProof.__dataclass_fields__})
+
+
+def test_each_prefill_gemm_has_its_own_verdict(golden: Golden, tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """oneDNN's and fbgemm's prefill products round the activations each its own way: a verdict kept for one is not
+    read for the other."""
+    plan = _plan("weight-only")
+    if "onednn" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch has no oneDNN int8 GEMM")
+    with caplog.at_level(logging.INFO, logger="engines.gpt_int8_proof"):
+        for gemm in ("fbgemm", "onednn", "fbgemm", "onednn"):
+            gpt, runs = load_gpt(golden.gpt_path, dataclasses.replace(plan, prefill_gemm=gemm), tmp_path)
+            assert runs.prefill_gemm == gemm and gpt.int8_weights
+    assert _proofs_run(caplog) == 2  # once each, then kept
+    assert sorted(k["passed"] for k in _kept(tmp_path)) == [True, True]
 
 
 def test_a_changed_gpt_file_proves_again(golden: Golden, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -200,7 +217,8 @@ def test_an_int8_gpt_that_misses_runs_in_fp32(outlier_gpt: Path, tmp_path: Path,
     [kept] = _kept(tmp_path)
     assert not kept["passed"] and kept["max_error"] > 1.0  # the wiped rows move the logits by whole units
     [line] = _misses(caplog)
-    assert f"({method}) misses its proof on this model" in line and "the GPT runs in fp32" in line
+    how = ", ".join(filter(None, (method, proof_kernels(plan))))  # (the prefill's GEMM where it has its own verdict)
+    assert f"({how}) misses its proof on this model" in line and "the GPT runs in fp32" in line
     assert f"logits up to {kept['max_error']:.3f} from fp32's, bound {BOUNDS[method]:.2f}" in line
     assert not gpt.quantized and gpt.compute_dtype == torch.float32
     assert gpt.fused_lib is (cpu_step.load_library() if method == "weight-only" else None)  # the plan's runner, fp32

@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+import torch
 
 from engines.base import EOS_TOKEN
 from engines.gpt_int8_proof import BOUNDS
@@ -51,7 +52,8 @@ pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.conforman
 
 # Raw-logit error bound per engine (see the module notes): measured fused 0.107, torch dynamic int8
 # 0.17, ONNX int8 0.14 at most.
-LOGIT_ATOL = {"torch-int8": BOUNDS["weight-only"], "torch-int8-dynamic": BOUNDS["dynamic"],
+LOGIT_ATOL = {"torch-int8": BOUNDS["weight-only"], "torch-int8-onednn": BOUNDS["weight-only"],
+              "torch-int8-dynamic": BOUNDS["dynamic"],
               "onnx-int8": BOUNDS["onnx-dynamic"]}
 FP32_ATOL = 1e-4  # the golden README's fp32 tolerance: the ONNX engine's prefill graph is not quantised
 ENGINES = list(LOGIT_ATOL)
@@ -78,13 +80,19 @@ def int8_gpt(request: pytest.FixtureRequest, golden: Golden, golden_onnx_dir: Pa
     if request.param.startswith("torch-int8"):
         from engines.gpt_sovits import cpu_step
 
-        fused = request.param == "torch-int8"
+        fused = request.param != "torch-int8-dynamic"
+        gemm = "onednn" if request.param == "torch-int8-onednn" else "fbgemm"  # the prefill's (the plan's choice)
         if fused and cpu_step.load_library() is None:
             pytest.skip(f"the fused CPU step cannot be built here: {cpu_step.unavailable_reason()}")
+        if gemm not in torch.backends.quantized.supported_engines:
+            pytest.skip(f"this torch has no {gemm} int8 GEMM")
         int8 = Text2SemanticModel.from_checkpoint(golden.gpt_checkpoint)
         with warnings.catch_warnings():  # torch marks eager quantisation deprecated
             warnings.simplefilter("ignore")
-            int8.quantize_int8(weight_only=fused)
+            int8.quantize_int8(weight_only=fused, prefill_gemm=gemm)
+        if fused:  # (the prefill's rows run that library's GEMM)
+            assert all(lin.prefill_packed is not None for blk in int8.h.blocks
+                       for lin in (blk.self_attn.in_proj, blk.linear1))
         int8.use_fused_step(cpu_step.load_library() if fused else None)
         assert int8.int8_weights == fused
         return Int8Gpt(request.param, lambda: int8, exact_prefill=False)

@@ -15,57 +15,70 @@ from engines.plan import EnginePlan, MachineProbe, Settings, plan_engine
 
 NO_CC = "no C compiler found (install gcc: apt-get install gcc)"
 CPU = MachineProbe(cpu="Test CPU", cores=2, isa=("avx2", "fma"), compiler="/usr/bin/cc", fused_step=True)
+CPU_AMX = MachineProbe(cpu="Test CPU", cores=2, isa=("avx2", "fma", "avx512f", "amx_tile"), compiler="/usr/bin/cc",
+                       fused_step=True, amx=True)
 CPU_NO_CC = MachineProbe(cpu="Test CPU", cores=2, isa=("avx2", "fma"), fused_step=False, fused_step_reason=NO_CC)
 CPU_NO_ORT = MachineProbe(cpu="Test CPU", cores=4, fused_step=True, onnxruntime=False)
 GPU_TRT = MachineProbe(cpu="Host CPU", cores=16, fused_step=True, gpus=("NVIDIA H100",), tensorrt=True)
 GPU = MachineProbe(cpu="Host CPU", cores=16, fused_step=True, gpus=("NVIDIA H100", "NVIDIA A10"))
 GPU_ORT = MachineProbe(cpu="Host CPU", cores=16, gpus=("NVIDIA H100",), onnxruntime_cuda=True)
 
-# fields: backend, device, precision, gpt_runner, gpt_weights, kv_dtype, vocoder, bert, diffusion_path, threads
+# fields: backend, device, precision, gpt_runner, gpt_weights, kv_dtype, vocoder, bert, diffusion_path, threads,
+# prefill_gemm
 PLANS = [
     ("cpu auto: onnx, fused int8 weight-only, int8 vocoder if proven", {}, CPU, False,
-     ("onnx", "cpu", "int8", "fused", "int8-weight-only", "bf16", "ort-int8-if-proven", "int8-if-proven", "", 2)),
+     ("onnx", "cpu", "int8", "fused", "int8-weight-only", "bf16", "ort-int8-if-proven", "int8-if-proven", "", 2,
+      "fbgemm")),
+    ("cpu auto with AMX: the int8 prefill on oneDNN", {}, CPU_AMX, False,
+     ("onnx", "cpu", "int8", "fused", "int8-weight-only", "bf16", "ort-int8-if-proven", "int8-if-proven", "", 2,
+      "onednn")),
+    ("cpu fp32 with AMX: no int8 prefill", {"precision": "fp32"}, CPU_AMX, False,
+     ("onnx", "cpu", "fp32", "fused", "fp32", "fp32", "ort-fp32", "fp32", "", 2, "")),
     ("cpu auto, no compiler: the int8 step graph", {}, CPU_NO_CC, False,
-     ("onnx", "cpu", "int8", "graphs", "int8-dynamic", "fp32", "ort-int8-if-proven", "int8-if-proven", "", 2)),
+     ("onnx", "cpu", "int8", "graphs", "int8-dynamic", "fp32", "ort-int8-if-proven", "int8-if-proven", "", 2, "")),
     ("cpu auto fp32: upstream's exact decode, fp32 vocoder", {"precision": "fp32", "threads": 1}, CPU, False,
-     ("onnx", "cpu", "fp32", "fused", "fp32", "fp32", "ort-fp32", "fp32", "", 1)),
+     ("onnx", "cpu", "fp32", "fused", "fp32", "fp32", "ort-fp32", "fp32", "", 1, "")),
     ("cpu auto without ONNX Runtime: torch", {}, CPU_NO_ORT, False,
-     ("torch", "cpu", "int8", "fused", "int8-weight-only", "bf16", "torch", "int8-if-proven", "", 4)),
+     ("torch", "cpu", "int8", "fused", "int8-weight-only", "bf16", "torch", "int8-if-proven", "", 4, "fbgemm")),
     ("cpu onnx, graphs asked", {"backend": "onnx", "gpt_runner": "graphs"}, CPU, False,
-     ("onnx", "cpu", "int8", "graphs", "int8-dynamic", "fp32", "ort-int8-if-proven", "int8-if-proven", "", 2)),
+     ("onnx", "cpu", "int8", "graphs", "int8-dynamic", "fp32", "ort-int8-if-proven", "int8-if-proven", "", 2, "")),
     ("cpu onnx, int8 vocoder asked", {"backend": "onnx", "vocoder_precision": "int8"}, CPU, False,
-     ("onnx", "cpu", "int8", "fused", "int8-weight-only", "bf16", "ort-int8", "int8-if-proven", "", 2)),
+     ("onnx", "cpu", "int8", "fused", "int8-weight-only", "bf16", "ort-int8", "int8-if-proven", "", 2,
+      "fbgemm")),
     ("cpu onnx, fp32 vocoder asked", {"backend": "onnx", "vocoder_precision": "fp32"}, CPU, False,
-     ("onnx", "cpu", "int8", "fused", "int8-weight-only", "bf16", "ort-fp32", "int8-if-proven", "", 2)),
+     ("onnx", "cpu", "int8", "fused", "int8-weight-only", "bf16", "ort-fp32", "int8-if-proven", "", 2,
+      "fbgemm")),
     ("cpu torch int8 fused", {"backend": "torch"}, CPU, False,
-     ("torch", "cpu", "int8", "fused", "int8-weight-only", "bf16", "torch", "int8-if-proven", "", 2)),
+     ("torch", "cpu", "int8", "fused", "int8-weight-only", "bf16", "torch", "int8-if-proven", "", 2,
+      "fbgemm")),
     ("cpu torch int8 without compiler: dynamic int8 TorchScript", {"backend": "torch"}, CPU_NO_CC, False,
-     ("torch", "cpu", "int8", "torch", "int8-dynamic", "bf16", "torch", "int8-if-proven", "", 2)),
+     ("torch", "cpu", "int8", "torch", "int8-dynamic", "bf16", "torch", "int8-if-proven", "", 2, "")),
     ("cpu torch, torch loop asked", {"backend": "torch", "gpt_runner": "torch", "precision": "fp32"}, CPU, False,
-     ("torch", "cpu", "fp32", "torch", "fp32", "fp32", "torch", "fp32", "", 2)),
+     ("torch", "cpu", "fp32", "torch", "fp32", "fp32", "torch", "fp32", "", 2, "")),
     ("gpu auto with TensorRT", {}, GPU_TRT, False,
-     ("tensorrt", "cuda:0", "fp16", "graphs", "fp16", "fp16", "tensorrt", "fp16", "", 16)),
+     ("tensorrt", "cuda:0", "fp16", "graphs", "fp16", "fp16", "tensorrt", "fp16", "", 16, "")),
     ("gpu auto without TensorRT: torch, CUDA graphs", {}, GPU, False,
-     ("torch", "cuda:0", "fp16", "cuda-graphs", "fp16", "fp16", "torch", "fp16", "", 16)),
+     ("torch", "cuda:0", "fp16", "cuda-graphs", "fp16", "fp16", "torch", "fp16", "", 16, "")),
     ("gpu bf16 keeps torch", {"precision": "bf16", "device": "cuda"}, GPU_TRT, False,
-     ("torch", "cuda:0", "bf16", "cuda-graphs", "bf16", "bf16", "torch", "bf16", "", 16)),
+     ("torch", "cuda:0", "bf16", "cuda-graphs", "bf16", "bf16", "torch", "bf16", "", 16, "")),
     ("second gpu, eager torch", {"device": "cuda:1", "cuda_graphs": False, "precision": "fp32"}, GPU, False,
-     ("torch", "cuda:1", "fp32", "torch", "fp32", "fp32", "torch", "fp32", "", 16)),
+     ("torch", "cuda:1", "fp32", "torch", "fp32", "fp32", "torch", "fp32", "", 16, "")),
     ("gpu onnx with onnxruntime-gpu", {"backend": "onnx", "precision": "fp32"}, GPU_ORT, False,
-     ("onnx", "cuda:0", "fp32", "graphs", "fp32", "fp32", "ort-fp32", "fp32", "", 16)),
+     ("onnx", "cuda:0", "fp32", "graphs", "fp32", "fp32", "ort-fp32", "fp32", "", 16, "")),
     ("cpu device on a gpu machine", {"device": "cpu"}, GPU, False,
-     ("onnx", "cpu", "int8", "fused", "int8-weight-only", "bf16", "ort-int8-if-proven", "int8-if-proven", "", 16)),
+     ("onnx", "cpu", "int8", "fused", "int8-weight-only", "bf16", "ort-int8-if-proven", "int8-if-proven", "", 16,
+      "fbgemm")),
     ("v4/v5 cpu auto: fused int8 GPT, the fast decoder", {}, CPU, True,
-     ("onnx", "cpu", "int8", "fused", "int8-weight-only", "bf16", "ort-int8-if-proven", "fp32", "fast", 2)),
+     ("onnx", "cpu", "int8", "fused", "int8-weight-only", "bf16", "ort-int8-if-proven", "fp32", "fast", 2, "fbgemm")),
     ("v4/v5 cpu fp32: the exact decoder", {"precision": "fp32", "backend": "torch"}, CPU, True,
-     ("torch", "cpu", "fp32", "fused", "fp32", "fp32", "ort-fp32", "fp32", "fp32", 2)),
+     ("torch", "cpu", "fp32", "fused", "fp32", "fp32", "ort-fp32", "fp32", "fp32", 2, "")),
     ("v4/v5 cpu onnx without compiler: the torch loop", {"backend": "onnx"}, CPU_NO_CC, True,
-     ("onnx", "cpu", "int8", "torch", "int8-dynamic", "bf16", "ort-int8-if-proven", "fp32", "fast", 2)),
+     ("onnx", "cpu", "int8", "torch", "int8-dynamic", "bf16", "ort-int8-if-proven", "fp32", "fast", 2, "")),
     ("v4/v5 gpu auto with TensorRT: torch", {}, GPU_TRT, True,
-     ("torch", "cuda:0", "fp16", "cuda-graphs", "fp16", "fp16", "torch", "fp16", "fp32", 16)),
+     ("torch", "cuda:0", "fp16", "cuda-graphs", "fp16", "fp16", "torch", "fp16", "fp32", 16, "")),
 ]
 FIELDS = ("backend", "device", "precision", "gpt_runner", "gpt_weights", "kv_dtype", "vocoder", "bert",
-          "diffusion_path", "threads")
+          "diffusion_path", "threads", "prefill_gemm")
 
 
 @pytest.mark.parametrize(("settings", "probe", "diffusion", "expected"), [row[1:] for row in PLANS],
