@@ -50,12 +50,13 @@ from aiohttp import web
 
 from bot.config import Config
 from bot.http.reference_files import REFERENCE_OWNER, reference_path, reference_voice
-from bot.http.responses import ApiError, pydantic_message, services_of, stream_audio, whole_audio
+from bot.http.responses import ApiError, pydantic_message, services_of, stream_audio, voices_of, whole_audio
 from synthesis import SpeechError, SynthesisParams, Voice
 from synthesis.text import check_speakable
 from synthesis.types import LANGUAGES, SPLIT_METHODS, VoiceNotFound
 
 if TYPE_CHECKING:
+    from bot.services import Services
     from bot.voice_service import VoiceService
 
 MEDIA_TYPES = ("wav", "raw", "ogg", "aac")
@@ -177,7 +178,7 @@ def _range(lo: int | None, hi: int | None) -> str:
     return ""
 
 
-def base_params(config: Config, services: Any = None) -> SynthesisParams:
+def base_params(config: Config, services: Services | None = None) -> SynthesisParams:
     """The server's default :class:`SynthesisParams` (config ``synthesis:``), with the HTTP API's pronunciation
     dictionary (``http.pronunciations``, re-read when the file changes) when ``services`` has one that is not empty."""
     file = getattr(services, "pronunciations", None)
@@ -208,13 +209,6 @@ def check_text(text: str, config: Config, name: str = "text") -> str:
 
 
 # ---- voices ------------------------------------------------------------------------------------------------------
-
-def voices_of(services: Any) -> VoiceService:
-    """The voice service the API reads voices through (every :class:`~bot.services.Services` has one)."""
-    voices = services.voices
-    assert voices is not None, "Services builds its voice service"
-    return voices
-
 
 async def lookup_voice(voices: VoiceService, key: str) -> Voice | None:
     """A stored voice by id or name (any owner), or None."""
@@ -434,7 +428,7 @@ def _request_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def parse_tts(values: Mapping[str, Any], services: Any, *,
+async def parse_tts(values: Mapping[str, Any], services: Services, *,
               media_types: tuple[str, ...] = MEDIA_TYPES) -> TtsRequest:
     """Validate every api_v2 parameter (see the module docstring) and resolve the voice."""
     config: Config = services.config
@@ -469,7 +463,7 @@ async def parse_tts(values: Mapping[str, Any], services: Any, *,
     return TtsRequest(text, voice, params, q.media_type, q.streaming_mode)
 
 
-def _reference_lookup(services: Any, prompt_text: str, prompt_lang: str | None) -> ReferenceLookup:
+def _reference_lookup(services: Services, prompt_text: str, prompt_lang: str | None) -> ReferenceLookup:
     """Finds the voice of a clip inside ``http.reference_dirs`` (None: the path is not one)."""
     dirs = services.config.http.reference_dirs
 

@@ -29,10 +29,10 @@ from aiohttp import web
 
 from bot.http import elevenlabs
 from bot.http.api_v2 import (MAX_SEED, base_params, check_chars, check_text, make_params, read_json_object,
-                             refuse_bool, voices_of)
+                             refuse_bool)
 from bot.http.guard import QUERY_CREDENTIALS
 from bot.http.openai_speech import resolve_voice
-from bot.http.responses import say_ignored, services_of, stream_audio, validate_body, whole_audio
+from bot.http.responses import say_ignored, services_of, stream_audio, validate_body, voices_of, whole_audio
 from bot.http.stream_input import refuse_unknown
 
 PARAMETERS = ("output_format", "enable_logging", "optimize_streaming_latency") + QUERY_CREDENTIALS

@@ -27,8 +27,9 @@ import pydantic
 from aiohttp import web
 
 from bot.http.api_v2 import (MAX_SEED, base_params, check_chars, check_text, lookup_voice, make_params,
-                             read_json_object, refuse_bool, voice_catalog, voice_names, voices_of)
-from bot.http.responses import METRICS, ApiError, say_ignored, services_of, stream_audio, validate_body
+                             read_json_object, refuse_bool, voice_catalog, voice_names)
+from bot.http.responses import (METRICS, ApiError, say_ignored, services_of, stream_audio, validate_body,
+                                voices_of)
 from synthesis import Voice
 from synthesis.styles import style_named
 from synthesis.types import LANGUAGES

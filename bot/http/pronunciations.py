@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -27,6 +27,9 @@ from bot.http.responses import ApiError, services_of
 from bot.pronunciations import PronunciationFile, explain_phonemes
 from synthesis.text import LexiconError
 from synthesis.types import LANGUAGES
+
+if TYPE_CHECKING:
+    from bot.services import Services
 
 _ENTRY_KEYS = ("word", "say", "phones", "lang")
 
@@ -96,7 +99,7 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def add_routes(app: web.Application, services: Any) -> None:
+def add_routes(app: web.Application, services: Services) -> None:
     """Register ``/pronunciations`` and ``/phonemes``; the dictionary file is read (and checked) now."""
     file = getattr(services, "pronunciations", None)
     if file is not None:

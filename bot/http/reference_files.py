@@ -19,13 +19,16 @@ import hashlib
 import logging
 import os
 from pathlib import Path, PurePosixPath
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from bot.config import MB
-from bot.http.responses import ApiError
+from bot.http.responses import ApiError, voices_of
 from synthesis import Voice
 from synthesis.audio import read_upload_file
 from synthesis.types import VoiceNotFound
+
+if TYPE_CHECKING:
+    from bot.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +68,7 @@ def content_id(data: bytes, prompt_text: str, prompt_lang: str) -> str:
     return h.hexdigest()
 
 
-async def reference_voice(services: Any, path: Path, prompt_text: str, prompt_lang: str | None, *,
+async def reference_voice(services: Services, path: Path, prompt_text: str, prompt_lang: str | None, *,
                           name: str = "ref_audio_path") -> Voice:
     """The stored voice of the reference clip at ``path`` (from :func:`reference_path`), made now if it is new.
 
@@ -89,10 +92,10 @@ async def reference_voice(services: Any, path: Path, prompt_text: str, prompt_la
     data = await asyncio.to_thread(read_upload_file, path, max_bytes=max_bytes)
     voice_id = content_id(data, text, language)
     try:
-        return await services.voices.get(voice_id)
+        return await voices_of(services).get(voice_id)
     except VoiceNotFound:
         pass
-    key = (str(services.voices.voices.root), voice_id)
+    key = (str(voices_of(services).voices.root), voice_id)
     making = _making.get(key)
     if making is None:  # the first request encodes it; the others wait for that one
         making = _making[key] = asyncio.ensure_future(_make(services, voice_id, data, path.name, text, language))
@@ -107,10 +110,10 @@ def _done(key: tuple[str, str], done: asyncio.Future[Voice]) -> None:
         done.exception()  # retrieved: a refusal nobody waits for any more is not logged as never retrieved
 
 
-async def _make(services: Any, voice_id: str, data: bytes, filename: str, text: str, language: str) -> Voice:
+async def _make(services: Services, voice_id: str, data: bytes, filename: str, text: str, language: str) -> Voice:
     """Encode and store a reference clip as a voice (making room first)."""
     try:  # stored by an encoding that finished while this request read the file
-        return await services.voices.get(voice_id)
+        return await voices_of(services).get(voice_id)
     except VoiceNotFound:
         pass
     await _make_room(services)
@@ -124,9 +127,9 @@ async def _make(services: Any, voice_id: str, data: bytes, filename: str, text: 
     return voice
 
 
-async def _make_room(services: Any) -> None:
+async def _make_room(services: Services) -> None:
     """Delete the oldest reference-file voices so that one more fits under :data:`MAX_REFERENCE_VOICES`."""
-    store = services.voices.voices
+    store = voices_of(services).voices
 
     def oldest_first() -> list[str]:
         metas = []

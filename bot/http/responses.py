@@ -31,6 +31,7 @@ from synthesis.types import AudioChunk, AudioInputError, BusyError, DeadlineErro
 
 if TYPE_CHECKING:
     from bot.services import Services
+    from bot.voice_service import VoiceService
 
 log = logging.getLogger(__name__)
 _Model = TypeVar("_Model", bound=pydantic.BaseModel)
@@ -63,6 +64,13 @@ class ApiError(SpeechError):
 def services_of(request: web.Request) -> Services:
     """The process's services, as stored on the app by ``create_app``."""
     return request.app[SERVICES]
+
+
+def voices_of(services: Services) -> VoiceService:
+    """The voice service the API reads voices through (every :class:`~bot.services.Services` has one)."""
+    voices = services.voices
+    assert voices is not None, "Services builds its voice service"
+    return voices
 
 
 def protocol_of(request: web.Request) -> str:

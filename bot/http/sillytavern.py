@@ -16,8 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.http.api_v2 import parse_tts, read_json_object, respond, voice_catalog, voices_of
-from bot.http.responses import services_of
+from bot.http.api_v2 import parse_tts, read_json_object, respond, voice_catalog
+from bot.http.responses import services_of, voices_of
 
 MEDIA_TYPES = ("wav", "raw", "ogg", "aac", "mp3", "flac")  # what the provider's players can ask for
 AUTO_MEDIA_TYPE = "mp3"  # "auto" (the adapter's default): the format every browser plays

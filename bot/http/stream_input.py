@@ -35,9 +35,9 @@ from aiohttp import web
 
 from bot.http import ws_session
 from bot.http.api_v2 import (MAX_SEED, ParamReader, base_params, lookup_voice, make_params, parse_json_object,
-                             voice_names, voices_of)
+                             voice_names)
 from bot.http.guard import QUERY_CREDENTIALS
-from bot.http.responses import RETRY_AFTER_BUSY_S, ApiError, AudioOut, services_of
+from bot.http.responses import RETRY_AFTER_BUSY_S, ApiError, AudioOut, services_of, voices_of
 from bot.http.ws_session import Input, Piece, Session, b64
 from engines.base import SAMPLE_RATE
 from synthesis.types import LANGUAGES, SPLIT_METHODS
