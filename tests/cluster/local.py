@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     """``make cluster`` / ``make cluster-stop``: start a local cluster (and return, leaving it running), or stop one."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m tests.cluster.local", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.cluster.local", description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("action", choices=("start", "stop"))
     ap.add_argument("--port", type=int, required=True, help="the head node's port")
     ap.add_argument("--workers", type=int, default=2, help="worker nodes (start)")
