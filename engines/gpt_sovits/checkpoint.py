@@ -351,6 +351,15 @@ _fingerprints: dict[tuple[str, int, int], str] = {}
 _fingerprints_lock = threading.Lock()
 
 
+def tagged_checkpoint(ckpt: dict[str, Any], tag: bytes | None) -> bytes:
+    """``ckpt`` as upstream's ``my_save2`` writes it: torch's zip with its ``PK`` replaced by the 2-byte version
+    ``tag`` (None: the plain zip, as ``torch.save`` writes it)."""
+    buf = io.BytesIO()
+    torch.save(ckpt, buf)
+    data = buf.getvalue()
+    return data if tag is None else tag + data[len(ZIP_MAGIC):]
+
+
 def file_fingerprint(path: str | os.PathLike[str]) -> str:
     """A short stable id of a model file: the first 16 hex digits of the SHA-256 of its bytes.
 

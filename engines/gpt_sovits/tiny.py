@@ -22,7 +22,6 @@ the released files' tensor names and shapes (``tests/data/golden-v2pro/real_size
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import os
@@ -35,6 +34,7 @@ from typing import Any, Callable, cast
 import torch
 
 from engines.base import BERT_DIM, EOS_TOKEN
+from engines.gpt_sovits.checkpoint import tagged_checkpoint
 from engines.gpt_sovits.family import DIT_FAMILIES
 from engines.gpt_sovits.sovits import CODEBOOK_SIZE, SSL_DIM, SovitsConfig, SoVITSDecoder
 from engines.gpt_sovits.sv import ERes2NetV2
@@ -292,9 +292,7 @@ def _write_sovits(path: Path, size: str, seed: int, family: str = "v2") -> None:
     if family == "v2":
         _atomic(path, lambda tmp: torch.save(ckpt, tmp))
         return
-    buf = io.BytesIO()
-    torch.save(ckpt, buf)
-    data = V2PRO_TAG[family] + buf.getvalue()[2:]
+    data = tagged_checkpoint(ckpt, V2PRO_TAG[family])
 
     def write(tmp: str) -> None:
         Path(tmp).write_bytes(data)

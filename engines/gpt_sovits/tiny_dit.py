@@ -12,7 +12,6 @@ waveform is audible and not clipped (RMS about 0.1-0.3).
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from engines.gpt_sovits.bigvgan import BigVGAN
+from engines.gpt_sovits.checkpoint import tagged_checkpoint
 from engines.gpt_sovits.dit_checkpoint import BigVGANCheckpoint
 from engines.gpt_sovits.family import DIT_FAMILIES, family_spec
 from engines.gpt_sovits.mel import denorm_spec
@@ -72,9 +72,7 @@ def write_dit_family(root: Path, family: str, size: str, seed: int,
     paths = {"sovits": root / sovits_rel, "vocoder": root / vocoder_rel}
     ckpt = {"weight": sovits_state_dict(family, size, seed), "config": sovits_config(family, size),
             "info": "1epoch_1iteration"}
-    buf = io.BytesIO()
-    torch.save(ckpt, buf)
-    data = (tag or b"PK") + buf.getvalue()[2:]
+    data = tagged_checkpoint(ckpt, tag)
     def write_sovits(tmp: str) -> None:
         Path(tmp).write_bytes(data)
 
@@ -276,9 +274,7 @@ def write_dit_lora(path: Path, family: str, size: str, seed: int, rank: int,
             weight[name] = value
     ckpt = {"weight": {k: v.half() for k, v in weight.items()}, "config": sovits_config(family, size),
             "info": "1epoch_1iteration", "lora_rank": rank}
-    buf = io.BytesIO()
-    torch.save(ckpt, buf)
-    data = LORA_TAGS[family] + buf.getvalue()[2:]
+    data = tagged_checkpoint(ckpt, LORA_TAGS[family])
 
     def write(tmp: str) -> None:
         Path(tmp).write_bytes(data)
