@@ -170,8 +170,7 @@ class EnginePlan:
         return {"backend": self.backend, "device": self.device, "device_name": self.device_name,
                 "precision": self.precision, "gpt_runner": self.gpt_runner, "gpt_weights": self.gpt_weights,
                 "kv_dtype": self.kv_dtype, "prefill_gemm": self.prefill_gemm, "vocoder": self.vocoder,
-                "bert": self.bert,
-                "diffusion_path": self.diffusion_path, "threads": str(self.threads)}
+                "bert": self.bert, "diffusion_path": self.diffusion_path, "threads": str(self.threads)}
 
     def gpt_in_fp32(self, why: str) -> EnginePlan:
         """This plan with its GPT in fp32 on the same runner (its int8 missed its proof on the loaded model:

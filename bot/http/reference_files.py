@@ -91,11 +91,12 @@ async def reference_voice(services: Services, path: Path, prompt_text: str, prom
     max_bytes = int(services.config.voices.max_upload_mb * MB)
     data = await asyncio.to_thread(read_upload_file, path, max_bytes=max_bytes)
     voice_id = content_id(data, text, language)
+    voices = voices_of(services)
     try:
-        return await voices_of(services).get(voice_id)
+        return await voices.get(voice_id)
     except VoiceNotFound:
         pass
-    key = (str(voices_of(services).voices.root), voice_id)
+    key = (str(voices.voices.root), voice_id)
     making = _making.get(key)
     if making is None:  # the first request encodes it; the others wait for that one
         making = _making[key] = asyncio.ensure_future(_make(services, voice_id, data, path.name, text, language))

@@ -280,9 +280,9 @@ class Text2SemanticModel(nn.Module):
         ``weight``) and activations stay fp32, so the weights' rounding is the only one; the layer loop reads them
         dequantised; the prefill's rows but the last run them through ``prefill_gemm``'s dynamic int8 GEMM
         (``fbgemm`` or ``onednn``: the engine plan's). Else (``int8-dynamic``, where the fused step cannot run)
-        torch's dynamic int8 (fbgemm: activations quantised per step too) runs the TorchScript loop. Greedy tokens can differ from fp32 where the
-        top-2 logit gap is small (tests/engines/test_int8_proof.py bounds how much). Call :meth:`setup_caches`
-        afterwards.
+        torch's dynamic int8 (fbgemm: activations quantised per step too) runs the TorchScript loop. Greedy tokens
+        can differ from fp32 where the top-2 logit gap is small (tests/engines/test_int8_proof.py bounds how much).
+        Call :meth:`setup_caches` afterwards.
         """
         if self.pe.device.type != "cpu":
             raise ValueError("int8 quantisation is a CPU path; move the model to CPU first.")
@@ -630,13 +630,13 @@ def _pack_for_prefill(weight: torch.Tensor, scale: torch.Tensor, bias: torch.Ten
     engine = torch.backends.quantized.engine
     with warnings.catch_warnings():  # torch marks its quantized tensors deprecated (fbgemm's GEMM is what we use)
         warnings.simplefilter("ignore")
+        # (torch's only call that wraps existing int8 values as a per-channel quantized tensor is private)
+        q = torch._make_per_channel_quantized_tensor(  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]
+            weight, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
         # the packing follows torch's global engine (set here for the call, at load; the product then follows the
         # packed weight's library)
         torch.backends.quantized.engine = library
         try:
-            # (torch's only call that wraps existing int8 values as a per-channel quantized tensor is private)
-            q = torch._make_per_channel_quantized_tensor(  # pyright: ignore
-                weight, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
             return torch.ops.quantized.linear_prepack(q, bias)
         finally:
             torch.backends.quantized.engine = engine

@@ -13,8 +13,9 @@ The proof, per engine, along each recorded greedy path (teacher-forced: upstream
 The bound is the method's. The fused CPU step's int8 (the default where it builds) is weight-only: each weight row
 rounded to 8 bits (127 levels) once, the activations kept fp32 (15-bit integers inside the products, a rounding of
 3e-5 relative), the KV cache bf16; its prefill's rows run fbgemm's dynamic int8 (for speed: the prefill is
-compute-bound) except the last row, weight-only, which alone makes the first logits. Measured on the shared set (AMD
-EPYC Zen 3, AVX2): max 0.107 (0.088 with a weight-only prefill); bound 0.15, the 1.4x margin of the others.
+compute-bound; oneDNN's where the CPU has AMX, the same errors to 3 decimals) except the last row, weight-only,
+which alone makes the first logits. Measured on the shared set (AMD EPYC Zen 3, AVX2): max 0.107 (0.088 with a
+weight-only prefill); bound 0.15, the 1.4x margin of the others.
 Dynamic int8 (torch's fallback without a C compiler, and the ONNX graph) rounds, in every transformer linear at every step, the activations to a
 uniform grid over their range (8 bits in ONNX Runtime's DynamicQuantizeLinear; 7 bits in torch/fbgemm, which passes
 ``reduce_range``) and each weight row to 8 bits (7 bits in the ONNX graph, quantised with ``reduce_range``). The
