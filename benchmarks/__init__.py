@@ -37,7 +37,8 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
                          "the fused CPU step), voc32 (the onnx engine with int8 GPT and the fp32 vocoder that auto's int8 "
                          "vocoder replaces; with pipeline: its pipeline rows too), pipeline, accuracy (int8 vs fp32, teacher-forced), families (the vocoder RTF of "
                          "v2, v2Pro and v2ProPlus on torch and onnx), dit (the DiT ms per step and 48 kHz vocoder RTF "
-                         "of the diffusion families, each decoder path beside the naive one; not in the default)")
+                         "of the diffusion families, each decoder path beside the naive one, then each family's "
+                         "whole pipeline beside upstream's; not in the default)")
     sp.add_argument("--dit-families", default="v4,v5turbo,v5dev", help="families the dit rows measure")
     sp.add_argument("--dit-frames", type=int, default=1000,
                     help="frames per DiT sampler call in the dit rows (real size; 1000: a whole chunk)")

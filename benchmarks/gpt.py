@@ -777,6 +777,7 @@ def run_bench(config: Any, args: argparse.Namespace) -> int:
     accuracy: list[AccuracyRow] = []
     vocoders: list[VocoderRow] = []
     dit_rows: list[Any] = []
+    dit_pipeline: list[Any] = []
     for contend in levels:
         for size in [s.strip() for s in args.sizes.split(",") if s.strip()]:
             if [e for e in engines if e != "dit"]:
@@ -789,8 +790,11 @@ def run_bench(config: Any, args: argparse.Namespace) -> int:
             if "dit" in engines:
                 from benchmarks.dit import bench_dit
 
-                dit_rows.extend(bench_dit([f.strip() for f in args.dit_families.split(",") if f.strip()], [size],
-                                          args.dit_frames, threads, contend, _isolated, Contention))
+                d, w = bench_dit([f.strip() for f in args.dit_families.split(",") if f.strip()], [size],
+                                 args.dit_frames, threads, contend, _isolated, Contention, natural_pace,
+                                 TOKENS_PER_PHONE)
+                dit_rows.extend(d)
+                dit_pipeline.extend(w)
     if rows:
         print(format_table(rows))
     if pipeline_rows:
@@ -807,9 +811,15 @@ def run_bench(config: Any, args: argparse.Namespace) -> int:
 
         print()
         print(format_dit_table(dit_rows))
+    if dit_pipeline:
+        from benchmarks.dit import format_dit_pipeline_table
+
+        print()
+        print(format_dit_pipeline_table(dit_pipeline))
     if args.json:
         args.json.write_text(json.dumps({"meta": info, "rows": [asdict(r) for r in rows] + [
             {"engine": "pipeline", **asdict(p)} for p in pipeline_rows], "accuracy": [asdict(a) for a in accuracy],
-            "families": [asdict(v) for v in vocoders], "dit": [asdict(d) for d in dit_rows]}, indent=1))
+            "families": [asdict(v) for v in vocoders], "dit": [asdict(d) for d in dit_rows],
+            "dit_pipeline": [asdict(w) for w in dit_pipeline]}, indent=1))
         print(f"wrote {args.json}")
     return 0

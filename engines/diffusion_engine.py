@@ -24,7 +24,7 @@ import torch
 from engines.base import ChunkCallback, EngineError, ModelFormatError, ModelPaths, SemanticBatch, VoicePrompt
 from engines.encoders import LazyEncoders, encode_reference
 from engines.gpt_sovits import cpu_step
-from engines.gpt_sovits.cfm import MelPrompt, NoiseSource, check_sampling
+from engines.gpt_sovits.cfm import NoiseSource, check_sampling
 from engines.gpt_sovits.checkpoint import file_fingerprint, model_id, require_model_files
 from engines.gpt_sovits.diffusion import DiffusionDecoder, DiffusionPrompt
 from engines.gpt_sovits.dit_checkpoint import is_lora_file
@@ -109,8 +109,8 @@ class DiffusionEngine:
         base = getattr(models, "sovits_base", None)  # like models.family, optional in a ModelPaths
         decoder = DiffusionDecoder.load(models.sovits, vocoder, family, plan.device,
                                         DTYPES.get(plan.precision, torch.float32), path=plan.diffusion_path,
-                                        threads=plan.threads, cache_dir=cache_dir,
-                                        sovits_base=base)
+                                        threads=plan.threads, cache_dir=cache_dir, sovits_base=base,
+                                        int8_gemm=plan.int8_gemm or "fbgemm", attention=plan.dit_attention)
         if family is not None and decoder.family.name != family:
             raise ModelFormatError(f"{models.sovits} is a {decoder.family.name} SoVITS but models.family is {family}; "
                                    f"set models.family: {decoder.family.name} (or auto)")
@@ -248,14 +248,8 @@ class DiffusionEngine:
             if hit is not None:
                 self._prompts.move_to_end(digest)
                 return hit
-        dev, sovits = self.device, self.decoder.sovits
-        ge = torch.as_tensor(np.asarray(voice.ge, np.float32), device=dev).view(1, -1, 1)
-        codes = torch.as_tensor(np.asarray(voice.prompt_tokens, np.int64), device=dev).view(1, 1, -1)
-        text = torch.as_tensor(np.asarray(voice.prompt_phones, np.int64), device=dev).view(1, -1)
-        features = sovits.features(codes, text, ge)
-        mel = torch.as_tensor(np.asarray(voice.ref_mel, np.float32), device=dev)[None].to(features.dtype)
         try:
-            prompt = DiffusionPrompt(ge=ge, prompt=MelPrompt.from_reference(features, mel, self.decoder.family))
+            prompt = self.decoder.stored_prompt(voice.ge, voice.prompt_tokens, voice.prompt_phones, voice.ref_mel)
         except ValueError as e:
             raise EngineError(str(e)) from None
         with self._prompts_lock:

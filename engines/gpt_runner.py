@@ -53,23 +53,24 @@ def load_gpt(path: Path, plan: EnginePlan, proofs: Path | None = None) -> tuple[
 
     def prove() -> GptProof:
         # (before the reference fills fp32's cache)
-        made.append(_int8(copy.deepcopy(gpt), weight_only, lib, plan.prefill_gemm))
+        made.append(_int8(copy.deepcopy(gpt), weight_only, lib, plan.int8_gemm))
         return prove_int8_gpt(gpt.use_fused_step(lib), made[0], method)
 
     proof = proven(path, method, proofs, prove, proof_kernels(plan))
     if not proof.passed:
         return gpt.use_fused_step(lib), plan.gpt_in_fp32(
             f"the int8 GPT missed its proof on this model ({proof.reason}): it runs in fp32")
-    return (made[0] if made else _int8(gpt, weight_only, lib, plan.prefill_gemm)), plan
+    return (made[0] if made else _int8(gpt, weight_only, lib, plan.int8_gemm)), plan
 
 
 def proof_kernels(plan: EnginePlan) -> str:
     """What else, beside the method, the int8 GPT's proof holds for: another GEMM rounds the prefill's activations its
     own way, so it gets a verdict of its own ("": fbgemm's, the method's usual one)."""
-    return "prefill onednn" if plan.prefill_gemm == "onednn" else ""
+    weight_only = plan.gpt_weights == "int8-weight-only"
+    return "prefill onednn" if weight_only and plan.int8_gemm == "onednn" else ""
 
 
-def _int8(gpt: Text2SemanticModel, weight_only: bool, lib: Any, prefill_gemm: str) -> Text2SemanticModel:
+def _int8(gpt: Text2SemanticModel, weight_only: bool, lib: Any, gemm: str) -> Text2SemanticModel:
     """``gpt`` quantised in place as the plan runs it, with its step."""
-    gpt.quantize_int8(weight_only=weight_only, prefill_gemm=prefill_gemm or "fbgemm")
+    gpt.quantize_int8(weight_only=weight_only, gemm=gemm or "fbgemm")
     return gpt.use_fused_step(lib)

@@ -1,12 +1,12 @@
 """What a benchmark measures from the inside of the engines: the one surface the ``benchmarks`` package uses below
 ``engines.__all__``.
 
-The product never needs these: the naive upstream-style loop (the baseline every figure is compared with), each
-backend class built at the batch size being measured, the GPT's sizes and KV buckets, the device and precision
-``auto`` resolves to, the CPU thread count, the exported graphs, and the torch-side measurements (runtime versions
-and kernels, memory bandwidth, peak memory, a checkpoint edited so that random weights decode a fixed number of
-steps, teacher-forced logits). Every name loads on first use, so that a benchmark process imports only the backend
-it measures (its peak memory is that backend's own).
+The product never needs these: the naive upstream-style loop (the baseline every figure is compared with) and a
+diffusion family's whole naive pipeline, each backend class built at the batch size being measured, the GPT's sizes
+and KV buckets, the device and precision ``auto`` resolves to, the CPU thread count, the exported graphs, and the
+torch-side measurements (runtime versions and kernels, memory bandwidth, peak memory, a checkpoint edited so that
+random weights decode a fixed number of steps, teacher-forced logits). Every name loads on first use, so that a
+benchmark process imports only the backend it measures (its peak memory is that backend's own).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _NAMES = {  # name -> the module that defines it, imported on first use
     "quantize_vocoder_int8": "engines.vocoder_int8", "choose_vocoder": "engines.vocoder_int8",
     "choose_backend": "engines.loader", "resolve_precision": "engines.loader", "resolve_device": "engines.loader",
     "cpu_threads": "engines.runtime", "set_cpu_threads": "engines.runtime",
-    "time_dit_paths": "engines.gpt_sovits.dit_timing",
+    "time_dit_paths": "engines.gpt_sovits.dit_timing", "NaiveDitPipeline": "engines.gpt_sovits.dit_timing",
 }
 
 

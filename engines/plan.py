@@ -16,8 +16,9 @@ What ``auto`` picks and why (measured with ``python -m bot bench``; figures in F
   another process takes a core. Precision ``int8``: the GPT's linears int8 per output channel, weight-only, with a
   bf16 KV cache (proven along upstream's greedy paths within a logit bound, tests/engines/test_int8_proof.py);
   the int8 GPT, vocoder and BERT run where their proofs hold on the loaded model, else fp32 (logged; the engine's
-  plan then says fp32 for what runs in fp32: :meth:`EnginePlan.gpt_in_fp32`). The int8 prefill's products run on
-  oneDNN where the CPU has AMX, else on fbgemm.
+  plan then says fp32 for what runs in fp32: :meth:`EnginePlan.gpt_in_fp32`). The int8 products over many rows
+  (the GPT's prefill, the v4/v5 DiT's linears) run on oneDNN where the CPU has AMX, else on fbgemm; with AMX the
+  v4/v5 DiT's attention runs in bf16 (inside the DiT's proof).
 - on an NVIDIA GPU: TensorRT for fp16 where it is installed, else torch with CUDA graphs.
 """
 
@@ -139,8 +140,11 @@ class EnginePlan:
     vocoder: ``torch``, ``ort-fp32``, ``ort-int8-if-proven`` (int8 where its proof holds on the loaded model, else
         fp32, logged), ``ort-int8`` (int8 whatever the proof says), ``tensorrt`` (fp16), or for the diffusion
         families ``torch`` / ``ort-fp32`` / ``ort-int8-if-proven`` as :attr:`diffusion_path` runs it.
-    prefill_gemm: the library of the int8 prefill's products (the fused step's int8 GPT on a CPU): ``onednn`` where
-        the CPU has AMX, else ``fbgemm``; ``""`` where the prefill runs no int8 GEMM.
+    int8_gemm: the library of the int8 products over many rows on a CPU (the prefill of the fused step's int8 GPT,
+        the fast diffusion decoder's DiT linears): ``onednn`` where the CPU has AMX, else ``fbgemm``; ``""`` where
+        no such product runs.
+    dit_attention: the dtype of the diffusion decoder's attention: ``bf16`` on the fast path where the CPU has AMX
+        (its proof on the loaded model covers it), else the DiT's own dtype; ``""`` for the v2 families.
     bert: ``fp32``, ``fp16``, ``bf16`` or ``int8-if-proven``.
     diffusion_path: the v3/v4/v5 decoder's path (``fast``, ``fp32``, ``naive``); ``""`` for the v2 families.
     threads: CPU threads of the engine's worker (torch, ONNX Runtime, the fused step's team).
@@ -163,29 +167,32 @@ class EnginePlan:
     max_batch: int
     notes: tuple[str, ...] = ()
     fallback: EnginePlan | None = field(default=None, repr=False)
-    prefill_gemm: str = ""
+    int8_gemm: str = ""
+    dit_attention: str = ""
 
     def labels(self) -> dict[str, str]:
         """The plan as string labels (``/metrics``' engine info, the bench's meta)."""
         return {"backend": self.backend, "device": self.device, "device_name": self.device_name,
                 "precision": self.precision, "gpt_runner": self.gpt_runner, "gpt_weights": self.gpt_weights,
-                "kv_dtype": self.kv_dtype, "prefill_gemm": self.prefill_gemm, "vocoder": self.vocoder,
-                "bert": self.bert, "diffusion_path": self.diffusion_path, "threads": str(self.threads)}
+                "kv_dtype": self.kv_dtype, "int8_gemm": self.int8_gemm, "vocoder": self.vocoder,
+                "bert": self.bert, "diffusion_path": self.diffusion_path, "dit_attention": self.dit_attention,
+                "threads": str(self.threads)}
 
     def gpt_in_fp32(self, why: str) -> EnginePlan:
         """This plan with its GPT in fp32 on the same runner (its int8 missed its proof on the loaded model:
         :mod:`engines.gpt_int8_proof`), so that what the engine reports is what runs; ``why`` joins the notes."""
+        gemm = self.int8_gemm if self.diffusion_path == "fast" else ""  # (the DiT's linears keep theirs)
         return replace(self, gpt_weights="fp32", kv_dtype=_kv_dtype(self.backend, "fp32", self.gpt_runner),
-                       prefill_gemm="", notes=(*self.notes, why))
+                       int8_gemm=gemm, notes=(*self.notes, why))
 
     def describe(self) -> str:
         """One line for the log."""
-        prefill = f", prefill {self.prefill_gemm}" if self.prefill_gemm else ""
-        gpt = f"GPT {self.gpt_runner} {self.gpt_weights} (KV {self.kv_dtype}{prefill})"
-        decoder = f", decoder {self.diffusion_path}" if self.diffusion_path else ""
+        gpt = f"GPT {self.gpt_runner} {self.gpt_weights} (KV {self.kv_dtype})"
+        decoder = f", decoder {self.diffusion_path} (attention {self.dit_attention})" if self.diffusion_path else ""
+        gemm = f", int8 products on {self.int8_gemm}" if self.int8_gemm else ""
         why = f" [{'; '.join(self.notes)}]" if self.notes else ""
         return (f"{self.backend} on {self.device} ({self.device_name}), {self.precision}: {gpt}, vocoder "
-                f"{self.vocoder}, BERT {self.bert}{decoder}, {self.threads} threads, batch {self.max_batch}{why}")
+                f"{self.vocoder}, BERT {self.bert}{decoder}{gemm}, {self.threads} threads, batch {self.max_batch}{why}")
 
 
 def probe_machine() -> MachineProbe:
@@ -260,13 +267,13 @@ def plan_engine(settings: EngineSettings | Settings, probe: MachineProbe, *, dif
         except EngineError:
             fallback = None  # a setting only the chosen backend runs (engine.vocoder_precision: int8...)
     weights = _gpt_weights(precision, runner)
+    dit_path = ("fast" if device == "cpu" and precision == "int8" else "fp32") if diffusion else ""
     return EnginePlan(
         backend=backend, device=device, device_name=_device_name(device, probe), precision=precision,
         gpt_runner=runner, gpt_weights=weights, kv_dtype=_kv_dtype(backend, precision, runner),
-        prefill_gemm=_prefill_gemm(weights, probe),
-        vocoder=_vocoder(s, backend, device, precision, probe, diffusion),
-        bert=_bert(backend, device, precision, diffusion),
-        diffusion_path=("fast" if device == "cpu" and precision == "int8" else "fp32") if diffusion else "",
+        int8_gemm=_int8_gemm(weights, dit_path, probe),
+        vocoder=_vocoder(s, backend, device, precision, probe, diffusion), bert=_bert(backend, device, precision, diffusion),
+        diffusion_path=dit_path, dit_attention=_dit_attention(dit_path, device, precision, probe),
         threads=s.threads or probe.cores, max_batch=s.max_batch, notes=tuple(notes), fallback=fallback)
 
 
@@ -392,13 +399,23 @@ def _gpt_weights(precision: str, runner: str) -> str:
     return "int8-weight-only" if runner == "fused" else "int8-dynamic"
 
 
-def _prefill_gemm(weights: str, probe: MachineProbe) -> str:
-    """The int8 prefill's GEMM library (weight-only int8 runs it; see :attr:`EnginePlan.prefill_gemm`): oneDNN
-    where the CPU has AMX (its tiles halve the products' time; without them oneDNN was the slower one, see
-    FINDINGS.md#prefill-int8-gemm)."""
-    if weights != "int8-weight-only":
+def _int8_gemm(weights: str, dit_path: str, probe: MachineProbe) -> str:
+    """The library of the int8 products over many rows (see :attr:`EnginePlan.int8_gemm`): the weight-only int8
+    GPT's prefill and the fast decoder's DiT run them. oneDNN where the CPU has AMX (its tiles halve the products'
+    time; without them oneDNN was the slower one, see FINDINGS.md#prefill-int8-gemm)."""
+    if weights != "int8-weight-only" and dit_path != "fast":
         return ""
     return "onednn" if probe.amx else "fbgemm"
+
+
+def _dit_attention(dit_path: str, device: str, precision: str, probe: MachineProbe) -> str:
+    """The diffusion decoder's attention dtype: bf16 on the fast path where AMX runs it (1.6x fp32's time at 1000
+    frames; its error is inside the DiT's proof on the loaded model, see FINDINGS.md#dit-on-amx), else the DiT's."""
+    if not dit_path:
+        return ""
+    if dit_path == "fast" and probe.amx:
+        return "bf16"
+    return precision if device != "cpu" else "fp32"
 
 
 def _kv_dtype(backend: str, precision: str, runner: str) -> str:

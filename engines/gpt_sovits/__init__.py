@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Generator, TypeVar
 
 if TYPE_CHECKING:
     from torch import nn
@@ -34,6 +35,20 @@ def dynamic_int8(module: M, keep: Callable[[str], bool] | None = None) -> M:
         # deprecated as said above, and its signature is untyped; the copy has the module's own class
         return torch.ao.quantization.quantize_dynamic(  # pyright: ignore[reportDeprecated, reportUnknownMemberType, reportUnknownVariableType]
             copied, spec, dtype=torch.qint8, inplace=True)
+
+
+@contextlib.contextmanager
+def int8_packing(gemm: str) -> Generator[None]:
+    """torch's quantized engine is ``gemm`` (``fbgemm`` or ``onednn``) inside: a dynamic int8 linear is packed for the
+    engine current when it is made and runs that library's kernels from then on, whatever the engine is later."""
+    import torch
+
+    engine = torch.backends.quantized.engine
+    torch.backends.quantized.engine = gemm
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = engine
 
 
 def ieee_fp32_on_cuda(device: Any) -> None:

@@ -100,7 +100,8 @@ class DiffusionDecoder:
              family: str | None = None, device: str | torch.device = "cpu",
              dtype: torch.dtype = torch.float32, *, path: str = "fast", threads: int = 0,
              cache_dir: str | os.PathLike[str] | None = None,
-             sovits_base: str | os.PathLike[str] | None = None) -> DiffusionDecoder:
+             sovits_base: str | os.PathLike[str] | None = None, int8_gemm: str = "fbgemm",
+             attention: str = "fp32") -> DiffusionDecoder:
         """Load both files (restricted unpickling); ModelFormatError (one line) if either is wrong.
 
         ``family`` is the configured one; the SoVITS file's own header, name or config decides where it says.
@@ -120,6 +121,9 @@ class DiffusionDecoder:
         cache_dir:
             where the int8 proofs' verdicts and the int8 vocoder graph are kept (a restart does not prove again);
             None: the DiT is proven at every load and the vocoder stays fp32.
+        int8_gemm, attention:
+            the fast path's int8 GEMM library and attention dtype (the engine plan's ``int8_gemm`` and
+            ``dit_attention``), inside the DiT's proof.
         """
         if path not in PATHS:
             raise ValueError(f"unknown decoder path {path!r}; use one of {', '.join(PATHS)}")
@@ -138,7 +142,8 @@ class DiffusionDecoder:
             return decoder
         if path == "fast":
             read = [sovits_path, *([sovits_base] if sovits_base is not None and is_lora_file(sovits_path) else [])]
-            decoder.estimator, decoder.precisions["dit"] = choose_estimator(sovits, read, cache_dir)
+            decoder.estimator, decoder.precisions["dit"] = choose_estimator(sovits, read, cache_dir, gemm=int8_gemm,
+                                                                            attention=attention)
         if _has_onnxruntime():  # (both vocoders: the 48 kHz HiFi-GAN and v3's BigVGAN)
             from engines.gpt_sovits.vocoder_ort import OrtVocoder
 
@@ -180,6 +185,32 @@ class DiffusionDecoder:
         features = self.sovits.features(ref_codes.to(device), ref_phones.to(device), ge)
         mel = norm_spec(log_mel(resample(wav, ref_rate, spec.mel_rate), spec.mel_rate, spec.mel_fft, spec.mel_hop))
         return DiffusionPrompt(ge=ge, prompt=MelPrompt.from_reference(features, mel.to(device), spec))
+
+    def stored_prompt(self, ge: np.ndarray, codes: np.ndarray, phones: np.ndarray, ref_mel: np.ndarray
+                      ) -> DiffusionPrompt:
+        """A voice's prompt from what its store keeps (the engine's way; :meth:`prompt` starts from the clip).
+
+        Parameters
+        ----------
+        ge:
+            ``[gin, 1]`` float32 style vector.
+        codes, phones:
+            ``[Nr]`` int64 reference tokens and ``[P]`` int64 transcript phones.
+        ref_mel:
+            ``[100, R]`` float32 normalised log-mel (``DiffusionEngine.reference_mel``).
+
+        Raises
+        ------
+        ValueError
+            the reference gives no frame (one line, with the fix).
+        """
+        device = self.sovits.codebook.device
+        style = torch.as_tensor(np.asarray(ge, np.float32), device=device).view(1, -1, 1)
+        tokens = torch.as_tensor(np.asarray(codes, np.int64), device=device).view(1, 1, -1)
+        text = torch.as_tensor(np.asarray(phones, np.int64), device=device).view(1, -1)
+        features = self.sovits.features(tokens, text, style)
+        mel = torch.as_tensor(np.asarray(ref_mel, np.float32), device=device)[None].to(features.dtype)
+        return DiffusionPrompt(ge=style, prompt=MelPrompt.from_reference(features, mel, self.family))
 
     def mel(self, codes: Tensor, phones: Tensor, voice: DiffusionPrompt, steps: int | None = None,
             cfg: float | None = None, speed: float = 1.0, noise: NoiseSource | None = None,

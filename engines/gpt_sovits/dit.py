@@ -189,6 +189,7 @@ class _Attention(nn.Module):
         self.heads, self.dim_head = heads, dim_head
         self.qkv = nn.Linear(dim, 3 * heads * dim_head)
         self.to_out = nn.ModuleList([nn.Linear(heads * dim_head, dim)])
+        self.compute_dtype: torch.dtype | None = None  # attention's own dtype where it differs (the fast DiT's bf16)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor | None) -> Tensor:
         b, t, _ = x.shape
@@ -196,11 +197,13 @@ class _Attention(nn.Module):
         q, k, v = self.qkv(x).split(inner, dim=-1)
         _rotate_first_head(q, rope)
         _rotate_first_head(k, rope)
+        if self.compute_dtype is not None:
+            q, k, v = q.to(self.compute_dtype), k.to(self.compute_dtype), v.to(self.compute_dtype)
         shape = (b, t, self.heads, self.dim_head)
         attn_mask = None if mask is None else mask[:, None, None, :]
         o = F.scaled_dot_product_attention(q.reshape(shape).transpose(1, 2), k.reshape(shape).transpose(1, 2),
                                            v.reshape(shape).transpose(1, 2), attn_mask=attn_mask)
-        out = self.to_out[0](o.transpose(1, 2).reshape(b, t, inner))
+        out = self.to_out[0](o.to(x.dtype).transpose(1, 2).reshape(b, t, inner))
         return out if mask is None else out.masked_fill(~mask[..., None], 0.0)
 
 
@@ -318,6 +321,11 @@ class DiT(nn.Module):
     def block(self, i: int) -> _DiTBlock:
         """Transformer block ``i``."""
         return cast(_DiTBlock, self.transformer_blocks[i])
+
+    def attend_in(self, dtype: torch.dtype | None) -> None:
+        """Every block's attention runs in ``dtype`` from now on (None: the DiT's own dtype)."""
+        for i in range(len(self.transformer_blocks)):
+            self.block(i).attn.compute_dtype = dtype
 
     def time_embedding(self, t: Tensor, d: Tensor | None) -> Tensor:
         """``[S]`` flow times (and v3/v4 step sizes) -> ``[S, dim]`` ``time_embed(t) + d_embed(d)``."""

@@ -2,17 +2,20 @@
 
 Why: at the released size a sampler step spends most of its time in the 88 block linears (q/k/v, the attention
 output and the two feed-forward products: 369 MFLOP a frame), which torch's dynamic int8 (int8 weights per output
-channel, activations rounded to uint8 per call, fbgemm's kernels) runs two to three times faster than fp32 on AVX2 and
-AVX-512 CPUs alike. Everything else stays fp32: the input projection, the text embedding, the AdaLN modulations
-(computed once per call), attention itself and the output layer.
+channel, activations rounded to uint8 per call) runs two to three times faster than fp32 on AVX2 and AVX-512 CPUs
+alike with fbgemm's kernels, and about twice as fast again with oneDNN's on AMX (the engine plan's ``int8_gemm``).
+Where the plan says so (AMX: ``dit_attention`` bf16) attention runs in bf16, the other 40 % of a step at 1000 frames.
+Everything else stays fp32: the input projection, the text embedding, the AdaLN modulations (computed once per call)
+and the output layer.
 
 The proof, per model: the fp32 DiT and the int8 copy sample the same synthetic sentence (the model's own features of
 random semantic tokens and phones, styled by a synthetic harmonic reference whose log-mel is the prompt; the family's
 guidance; :data:`PROOF_STEPS` steps at most; the same noise), and the int8 mel must be within :data:`MIN_SNR_DB` of
 fp32's (signal: the fp32 mel's deviation from its mean; noise: the difference). Measured at the released size with
 random weights: 43.5 dB (v5turbo). The verdict is kept in the cache folder given to :func:`choose_estimator`, keyed by
-the SoVITS file (name, size, modification time), torch's version and this recipe, so a restart does not prove again;
-a model that misses the bound keeps the fp32 DiT, with a log line saying so.
+the SoVITS file (name, size, modification time), torch's version, the GEMM library, attention's dtype and this
+recipe, so a restart does not prove again; a model that misses the bound keeps the fp32 DiT, with a log line saying
+so.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from engines.gpt_sovits import cfm
+from engines.gpt_sovits import cfm, int8_packing
 from engines.gpt_sovits.dit import DiT
 from engines.gpt_sovits.mel import log_mel, norm_spec, resample
 from engines.gpt_sovits.mel_sovits import MelSoVITS
@@ -48,10 +51,12 @@ PROOF_PHONES = 24
 PROOF_SEED = 0
 PROOF_RATE = 32000  # Hz of the synthetic reference
 KEPT_SCHEMA = 1
+ATTENTION_DTYPES = {"bf16": torch.bfloat16}  # the attention dtypes other than fp32 (engine plan's dit_attention)
 
 
-def int8_dit(dit: DiT) -> DiT:
-    """A copy of ``dit`` whose block linears (:data:`QUANTISED`) are dynamic int8; every other tensor is shared."""
+def int8_dit(dit: DiT, gemm: str = "fbgemm", attention: str = "fp32") -> DiT:
+    """A copy of ``dit`` whose block linears (:data:`QUANTISED`) are dynamic int8, packed for ``gemm`` (``fbgemm``
+    or ``onednn``), with its attention in ``attention`` (``fp32`` or ``bf16``); every other tensor is shared."""
     memo: dict[int, Any] = {id(t): t for t in [*dit.parameters(), *dit.buffers()]}
     copied: DiT = copy.deepcopy(dit, memo)  # shares the fp32 tensors: nothing but the int8 weights is new
     modules: list[tuple[str, nn.Module]] = list(copied.named_modules())  # pyright: ignore[reportUnknownArgumentType]
@@ -60,7 +65,8 @@ def int8_dit(dit: DiT) -> DiT:
     from torch.ao.quantization.qconfig import per_channel_dynamic_qconfig
 
     spec: dict[str, Any] = {name: per_channel_dynamic_qconfig for name in names}
-    with warnings.catch_warnings():  # torch marks eager quantisation deprecated in favour of torchao
+    copied.attend_in(ATTENTION_DTYPES.get(attention))
+    with warnings.catch_warnings(), int8_packing(gemm):  # torch marks eager quantisation deprecated (torchao's now)
         warnings.simplefilter("ignore")
         return torch.ao.quantization.quantize_dynamic(  # pyright: ignore[reportDeprecated, reportUnknownMemberType, reportUnknownVariableType]
             copied, spec, dtype=torch.qint8, inplace=True)
@@ -110,15 +116,18 @@ def prove_int8_dit(sovits: MelSoVITS, int8: cfm.Estimator) -> float:
     return mel_snr_db(ref, out)
 
 
-def proof_key(model_files: Sequence[str | os.PathLike[str]]) -> str:
+def proof_key(model_files: Sequence[str | os.PathLike[str]], gemm: str = "fbgemm", attention: str = "fp32") -> str:
     """What a kept verdict holds for: the files the model was read from (each one's name, size, modification time:
-    a LoRA file and its base), torch's version (its int8 kernels), the bound, the recipe and the proof's inputs."""
+    a LoRA file and its base), torch's version and the GEMM library (their int8 kernels), attention's dtype, the
+    bound, the recipe and the proof's inputs."""
     digest = hashlib.sha256()
     for model_file in model_files:
         st = Path(model_file).stat()
         digest.update(f"{Path(model_file).name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     digest.update(f"{torch.__version__}|{MIN_SNR_DB}|{QUANTISED}|{PROOF_STEPS}|{PROOF_TOKENS}|{PROOF_PHONES}|"
                   f"{PROOF_SEED}|{KEPT_SCHEMA}".encode())
+    if (gemm, attention) != ("fbgemm", "fp32"):  # (the first recipe's verdicts keep their keys)
+        digest.update(f"|{gemm}|{attention}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -145,9 +154,10 @@ def _keep(record: Path, key: str, snr: float, bound: float) -> None:
 
 
 def choose_estimator(sovits: MelSoVITS, model_files: Sequence[str | os.PathLike[str]],
-                     cache_dir: str | os.PathLike[str] | None, min_snr_db: float = MIN_SNR_DB) -> tuple[cfm.Estimator, str]:
+                     cache_dir: str | os.PathLike[str] | None, min_snr_db: float = MIN_SNR_DB, *,
+                     gemm: str = "fbgemm", attention: str = "fp32") -> tuple[cfm.Estimator, str]:
     """The fast path's DiT for ``sovits``: ``(int8 copy, "int8")`` where its proof holds on this model, else
-    ``(sovits.dit, "fp32")``, logged. On a GPU always fp32 (fbgemm's int8 is a CPU kernel).
+    ``(sovits.dit, "fp32")``, logged. On a GPU always fp32 (torch's dynamic int8 is a CPU kernel).
 
     Parameters
     ----------
@@ -158,13 +168,15 @@ def choose_estimator(sovits: MelSoVITS, model_files: Sequence[str | os.PathLike[
         where the verdict is kept (``dit-int8-<key>.json``); None: proven at every load, nothing kept.
     min_snr_db:
         the bound (:data:`MIN_SNR_DB`).
+    gemm, attention:
+        the engine plan's ``int8_gemm`` and ``dit_attention`` (:func:`int8_dit`).
     """
     if sovits.codebook.device.type != "cpu" or sovits.codebook.dtype != torch.float32:
         return sovits.dit, "fp32"
-    key = proof_key(model_files)
+    key = proof_key(model_files, gemm, attention)
     record = Path(cache_dir) / f"dit-int8-{key}.json" if cache_dir is not None else None
     snr = _kept(record, key) if record is not None else None
-    int8 = int8_dit(sovits.dit)
+    int8 = int8_dit(sovits.dit, gemm, attention)
     if snr is None:
         snr = prove_int8_dit(sovits, int8)
         if record is not None:
@@ -173,7 +185,8 @@ def choose_estimator(sovits: MelSoVITS, model_files: Sequence[str | os.PathLike[
         log.debug("int8 DiT: the kept proof of this model (%.1f dB) is reused", snr)
     name = sovits.family.name
     if snr >= min_snr_db:
-        log.info("%s DiT in int8: its mel is %.1f dB from fp32's on this model (bound %.0f dB)", name, snr, min_snr_db)
+        log.info("%s DiT in int8 (%s products, %s attention): its mel is %.1f dB from fp32's on this model (bound "
+                 "%.0f dB)", name, gemm, attention, snr, min_snr_db)
         return int8, "int8"
     log.warning("%s DiT in int8 is %.1f dB from fp32 on this model (needs %.0f dB): the fp32 DiT runs", name, snr,
                 min_snr_db)

@@ -1,5 +1,6 @@
 """What the ``dit`` bench rows time inside the engines (through :mod:`engines.instruments`): a diffusion family's
-decoder paths side by side on the same inputs, alternating round by round."""
+decoder paths side by side on the same inputs, alternating round by round; and upstream's whole pipeline
+(:class:`NaiveDitPipeline`), the baseline of the product's."""
 
 from __future__ import annotations
 
@@ -7,15 +8,22 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
+from engines.base import SemanticRequest, VoicePrompt
 from engines.gpt_sovits.cfm import check_sampling, sample
-from engines.gpt_sovits.diffusion import PATHS, DiffusionDecoder
+from engines.gpt_sovits.checkpoint import load_gpt_checkpoint
+from engines.gpt_sovits.diffusion import PATHS, DiffusionDecoder, DiffusionPrompt
+from engines.gpt_sovits.generate import request_inputs
+from engines.gpt_sovits.gpt import Text2SemanticModel
+from engines.gpt_sovits.naive import naive_generate
 from engines.gpt_sovits.tiny import _atomic  # pyright: ignore[reportPrivateUsage]
 from engines.gpt_sovits.tiny_dit import write_dit_family
+from engines.plan import Settings, plan_engine, probe_machine
 from engines.runtime import set_cpu_threads
 
-__all__ = ["time_dit_paths"]
+__all__ = ["NaiveDitPipeline", "time_dit_paths"]
 
 
 def _seconds(fn: Callable[[], Any]) -> float:
@@ -35,13 +43,16 @@ def time_dit_paths(family: str, size: str, frames: int, threads: int, folder: st
     Returns
     -------
     dict
-        ``steps``/``cfg`` (the family's defaults), ``prompt_frames``, ``mel_frame_rate`` and per path ``dit_ms``
-        (ms per step, every round), ``vocoder_rtf`` (every round) and ``precisions`` (what ran).
+        ``steps``/``cfg`` (the family's defaults), ``prompt_frames``, ``mel_frame_rate``, ``int8_gemm`` and
+        ``attention`` (the fast path's, as the engine plan picks them here) and per path ``dit_ms`` (ms per step,
+        every round), ``vocoder_rtf`` (every round) and ``precisions`` (what ran).
     """
     set_cpu_threads(threads)
     files = write_dit_family(Path(folder) / family, family, size, 1, _atomic)
+    plan = plan_engine(Settings(device="cpu", threads=threads), probe_machine(), diffusion=True)  # what auto runs
     decoders = {p: DiffusionDecoder.load(files["sovits"], files["vocoder"], path=p, threads=threads,
-                                         cache_dir=Path(folder) / "proofs") for p in PATHS}
+                                         cache_dir=Path(folder) / "proofs", int8_gemm=plan.int8_gemm or "fbgemm",
+                                         attention=plan.dit_attention) for p in PATHS}
     spec = decoders["naive"].family
     steps, cfg = check_sampling(spec, None, None)
     prompt_frames = min(spec.prompt_frames, frames // 2)
@@ -52,7 +63,8 @@ def time_dit_paths(family: str, size: str, frames: int, threads: int, folder: st
     mel = 0.3 * torch.randn(1, 100, int(vocoder_s * spec.mel_frame_rate), generator=gen) - 0.4
     call_steps = min(timed_steps, steps)
     out: dict[str, Any] = {"steps": steps, "cfg": cfg, "prompt_frames": prompt_frames,
-                           "mel_frame_rate": spec.mel_frame_rate, "paths": {}}
+                           "mel_frame_rate": spec.mel_frame_rate, "int8_gemm": plan.int8_gemm,
+                           "attention": plan.dit_attention, "paths": {}}
     for p in PATHS:
         out["paths"][p] = {"dit_ms": [], "vocoder_rtf": [], "precisions": dict(decoders[p].precisions)}
     for _ in range(rounds):
@@ -63,3 +75,61 @@ def time_dit_paths(family: str, size: str, frames: int, threads: int, folder: st
             d.vocode(mel[..., :8])
             rec["vocoder_rtf"].append(_seconds(lambda: d.vocode(mel)) / vocoder_s)
     return out
+
+
+class NaiveDitPipeline:
+    """A diffusion family's model set the way upstream GPT-SoVITS runs it, on the CPU: each sentence's tokens from
+    upstream's GPT loop (:func:`~engines.gpt_sovits.naive.naive_generate`, fp32), then the whole sentence through
+    the ``naive`` decoder path (the eager fp32 DiT every step at the family's default steps, one eager torch vocoder
+    call over the sentence's mel). A sentence comes back when all of it is made, as upstream returns it.
+
+    Parameters
+    ----------
+    gpt:
+        the fp32 GPT whose weights the loop reads.
+    decoder:
+        the family's SoVITS and vocoder on the ``naive`` path.
+    """
+
+    def __init__(self, gpt: Text2SemanticModel, decoder: DiffusionDecoder) -> None:
+        self.gpt = gpt
+        self.decoder = decoder
+        self.steps, self.cfg = check_sampling(decoder.family, None, None)
+        self._voice: VoicePrompt | None = None
+        self._prompt: DiffusionPrompt | None = None
+
+    @classmethod
+    def load(cls, gpt: str | Path, sovits: str | Path, vocoder: str | Path, threads: int = 0) -> NaiveDitPipeline:
+        """Load the GPT (fp32), the SoVITS and the vocoder files of one model set; torch gets ``threads`` threads
+        in the calling thread (0: every core)."""
+        set_cpu_threads(threads)
+        model = Text2SemanticModel.from_checkpoint(load_gpt_checkpoint(gpt), "cpu", torch.float32)
+        return cls(model, DiffusionDecoder.load(sovits, vocoder, path="naive", threads=threads))
+
+    @property
+    def sample_rate(self) -> int:
+        """Output rate in Hz."""
+        return self.decoder.sample_rate
+
+    @torch.inference_mode()
+    def speak(self, request: SemanticRequest, speed: float = 1.0, seed: int = 0) -> np.ndarray:
+        """One sentence: ``[N]`` float32 at :attr:`sample_rate`.
+
+        ``request`` is what the product's GPT gets (target phones, BERT features, the voice, sampling with its
+        ``early_stop_num``); the voice's prompt is computed from its stored arrays as the engine computes it, once
+        per voice (upstream keeps it from ``set_ref_audio`` on too). ``seed`` draws the sampler's start noise.
+        """
+        if request.voice is not self._voice:
+            v = request.voice
+            if v.ref_mel is None:
+                raise ValueError("the voice has no reference mel; encode it with the diffusion family's engine")
+            self._prompt = self.decoder.stored_prompt(v.ge, v.prompt_tokens, v.prompt_phones, v.ref_mel)
+            self._voice = v
+        assert self._prompt is not None  # set with _voice
+        phones, bert, prompt = request_inputs(request)
+        tokens = naive_generate(self.gpt, phones, bert, prompt, request.params)
+        codes = torch.as_tensor(tokens, dtype=torch.int64).view(1, 1, -1)
+        text = torch.as_tensor(np.asarray(request.phones, np.int64)).view(1, -1)
+        wav = self.decoder.decode(codes, text, self._prompt, self.steps, self.cfg, speed,
+                                  generator=torch.Generator().manual_seed(seed))
+        return wav.numpy().astype(np.float32, copy=False)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines.base import BERT_DIM, EOS_TOKEN, ModelFormatError
-from engines.gpt_sovits import cpu_step, dynamic_int8, ieee_fp32_on_cuda
+from engines.gpt_sovits import cpu_step, dynamic_int8, ieee_fp32_on_cuda, int8_packing
 from engines.gpt_sovits.checkpoint import GptCheckpoint
 from engines.runtime import lazy_zeros
 
@@ -272,13 +272,13 @@ class Text2SemanticModel(nn.Module):
         self.max_slots = self.max_len = 0
         return self
 
-    def quantize_int8(self, weight_only: bool = True, prefill_gemm: str = "fbgemm") -> Text2SemanticModel:
+    def quantize_int8(self, weight_only: bool = True, gemm: str = "fbgemm") -> Text2SemanticModel:
         """The CPU speed path: int8 transformer linears and a bf16 KV cache; embeddings, norms and the head stay fp32.
 
         ``weight_only`` (what the engine plan's ``int8-weight-only`` asks, for the fused CPU step): the weights
         become int8 per output channel with an fp32 scale (symmetric, 127 levels; ``weight_scale`` beside each
         ``weight``) and activations stay fp32, so the weights' rounding is the only one; the layer loop reads them
-        dequantised; the prefill's rows but the last run them through ``prefill_gemm``'s dynamic int8 GEMM
+        dequantised; the prefill's rows but the last run them through ``gemm``'s dynamic int8 GEMM
         (``fbgemm`` or ``onednn``: the engine plan's). Else (``int8-dynamic``, where the fused step cannot run)
         torch's dynamic int8 (fbgemm: activations quantised per step too) runs the TorchScript loop. Greedy tokens
         can differ from fp32 where the top-2 logit gap is small (tests/engines/test_int8_proof.py bounds how much).
@@ -294,7 +294,7 @@ class Text2SemanticModel(nn.Module):
                     lin.weight = nn.Parameter(torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8),
                                               requires_grad=False)
                     lin.register_buffer("weight_scale", scale)
-                    lin.prefill_packed = _pack_for_prefill(lin.weight, scale, lin.bias, prefill_gemm)
+                    lin.prefill_packed = _pack_for_prefill(lin.weight, scale, lin.bias, gemm)
         else:
             self.h = dynamic_int8(self.h)  # (a copy of the stack with its linears swapped: still a _Stack)
         self.quantized = True
@@ -627,19 +627,13 @@ def _pack_for_prefill(weight: torch.Tensor, scale: torch.Tensor, bias: torch.Ten
     weight-only)."""
     if library not in torch.backends.quantized.supported_engines:
         return None
-    engine = torch.backends.quantized.engine
     with warnings.catch_warnings():  # torch marks its quantized tensors deprecated (fbgemm's GEMM is what we use)
         warnings.simplefilter("ignore")
         # (torch's only call that wraps existing int8 values as a per-channel quantized tensor is private)
         q = torch._make_per_channel_quantized_tensor(  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]
             weight, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
-        # the packing follows torch's global engine (set here for the call, at load; the product then follows the
-        # packed weight's library)
-        torch.backends.quantized.engine = library
-        try:
+        with int8_packing(library):
             return torch.ops.quantized.linear_prepack(q, bias)
-        finally:
-            torch.backends.quantized.engine = engine
 
 
 def _kv_layout(k: torch.Tensor, v: torch.Tensor, kv_len: int, bmm: bool) -> tuple[torch.Tensor, torch.Tensor]:

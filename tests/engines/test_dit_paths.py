@@ -5,8 +5,9 @@ and the int8 proofs' logic.
   ONNX Runtime) equals ``naive`` (upstream's eager forward every step, the vocoder in eager torch) within
   :data:`ATOL_MEL` per sampler call and :data:`ATOL_WAV` on the waveform, with upstream's noise, every family;
 * ``fast`` (the default) runs int8 only with a proof on the loaded model, and its mel is then within the proof's bound
-  of fp32's; a proof that fails keeps fp32 and says so in the log; a kept proof is reused without proving; one about
-  another file (changed since) is proven again.
+  of fp32's, with either GEMM library and attention in fp32 or bf16; a proof that fails keeps fp32 and says so in the
+  log; a kept proof is reused without proving (each recipe its own); one about another file (changed since) is
+  proven again.
 """
 
 from __future__ import annotations
@@ -113,6 +114,28 @@ def test_fast_path_is_within_its_proof(golden_v4v5: GoldenV4V5, family: str,
         assert _max_err(fast, fp32) == 0
 
 
+@torch.inference_mode()
+def test_onednn_products_and_bf16_attention_are_within_the_proof(golden_v4v5: GoldenV4V5, family: str,
+                                                                 decoders: dict[str, DiffusionDecoder]) -> None:
+    """The recipe the engine plan picks on a CPU with AMX (oneDNN's int8 products, attention in bf16), on any CPU:
+    another kernel really runs (its velocity is not fbgemm's), and its mel is within the proof's bound of fp32's."""
+    if "onednn" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch has no oneDNN quantized engine")
+    fp32 = decoders["fp32"].sovits.dit
+    amx = dit_int8.int8_dit(fp32, "onednn", "bf16")
+    assert amx.block(0).attn.compute_dtype == torch.bfloat16 and fp32.block(0).attn.compute_dtype is None
+    io = golden_v4v5.io(family)
+    spec = family_spec(family)
+    prompt = MelPrompt.from_reference(io["fea_ref"], norm_spec(golden_v4v5.ref[f"mel{spec.mel_rate // 1000}k_log"]),
+                                      spec)
+    steps, cfg = check_sampling(spec, None, None)
+    mels = {name: synthesize_mel(est, prompt, io["fea_todo"], spec, steps, cfg,
+                                 generator=torch.Generator().manual_seed(5))
+            for name, est in (("fp32", fp32), ("fbgemm", dit_int8.int8_dit(fp32)), ("amx", amx))}
+    assert _max_err(mels["amx"], mels["fbgemm"]) > 0
+    assert dit_int8.mel_snr_db(mels["fp32"], mels["amx"]) >= dit_int8.MIN_SNR_DB - 6
+
+
 def test_unknown_path_is_one_line(golden_v4v5: GoldenV4V5) -> None:
     with pytest.raises(ValueError, match="unknown decoder path 'quick'; use one of fast, fp32, naive"):
         DiffusionDecoder.load(golden_v4v5.sovits_file("v4"), golden_v4v5.vocoder_path("v4"), path="quick")
@@ -150,6 +173,20 @@ def test_dit_proof_kept_reused_and_redone_when_stale(model_files: dict[str, Path
     os.utime(model_files["sovits"], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the file changed since
     assert load().precisions["dit"] == "int8" and len(calls) == 2
     assert len(list(cache.glob("dit-int8-*.json"))) == 2 and record.is_file()
+
+
+def test_each_int8_gemm_and_attention_has_its_own_kept_verdict(model_files: dict[str, Path], tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _counting(monkeypatch, dit_int8, "prove_int8_dit")
+    cache = tmp_path / "cache"
+    recipes = [("fbgemm", "fp32"), ("onednn", "fp32"), ("onednn", "bf16")]
+    for _ in range(2):
+        for gemm, attention in recipes:
+            d = DiffusionDecoder.load(model_files["sovits"], model_files["vocoder"], cache_dir=cache, int8_gemm=gemm,
+                                      attention=attention)
+            assert d.precisions["dit"] == "int8"
+        assert len(calls) == len(recipes)  # the second round reuses each recipe's own verdict
+    assert len(list(cache.glob("dit-int8-*.json"))) == len(recipes)
 
 
 def test_dit_proof_that_fails_keeps_fp32_and_logs(model_files: dict[str, Path], tmp_path: Path,

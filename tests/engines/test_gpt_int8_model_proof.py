@@ -170,7 +170,7 @@ def test_golden_gpt_passes_and_keeps_its_verdict(golden: Golden, tmp_path: Path,
         **{k: kept[k] for k in GptProof.__dataclass_fields__})
 
 
-def test_each_prefill_gemm_has_its_own_verdict(golden: Golden, tmp_path: Path,
+def test_each_int8_gemm_has_its_own_verdict(golden: Golden, tmp_path: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
     """oneDNN's and fbgemm's prefill products round the activations each its own way: a verdict kept for one is not
     read for the other."""
@@ -179,8 +179,8 @@ def test_each_prefill_gemm_has_its_own_verdict(golden: Golden, tmp_path: Path,
         pytest.skip("this torch has no oneDNN int8 GEMM")
     with caplog.at_level(logging.INFO, logger="engines.gpt_int8_proof"):
         for gemm in ("fbgemm", "onednn", "fbgemm", "onednn"):
-            gpt, runs = load_gpt(golden.gpt_path, dataclasses.replace(plan, prefill_gemm=gemm), tmp_path)
-            assert runs.prefill_gemm == gemm and gpt.int8_weights
+            gpt, runs = load_gpt(golden.gpt_path, dataclasses.replace(plan, int8_gemm=gemm), tmp_path)
+            assert runs.int8_gemm == gemm and gpt.int8_weights
     assert _proofs_run(caplog) == 2  # once each, then kept
     assert sorted(k["passed"] for k in _kept(tmp_path)) == [True, True]
 

@@ -90,7 +90,7 @@ def int8_gpt(request: pytest.FixtureRequest, golden: Golden, golden_onnx_dir: Pa
         int8 = Text2SemanticModel.from_checkpoint(golden.gpt_checkpoint)
         with warnings.catch_warnings():  # torch marks eager quantisation deprecated
             warnings.simplefilter("ignore")
-            int8.quantize_int8(weight_only=fused, prefill_gemm=gemm)
+            int8.quantize_int8(weight_only=fused, gemm=gemm)
         if fused:  # (the prefill's rows run that library's GEMM)
             assert all(lin.prefill_packed is not None for blk in int8.h.blocks
                        for lin in (blk.self_attn.in_proj, blk.linear1))
