@@ -272,8 +272,9 @@ def plan_engine(settings: EngineSettings | Settings, probe: MachineProbe, *, dif
         backend=backend, device=device, device_name=_device_name(device, probe), precision=precision,
         gpt_runner=runner, gpt_weights=weights, kv_dtype=_kv_dtype(backend, precision, runner),
         int8_gemm=_int8_gemm(weights, dit_path, probe),
-        vocoder=_vocoder(s, backend, device, precision, probe, diffusion), bert=_bert(backend, device, precision, diffusion),
-        diffusion_path=dit_path, dit_attention=_dit_attention(dit_path, device, precision, probe),
+        vocoder=_vocoder(s, backend, device, precision, probe, diffusion),
+        bert=_bert(backend, device, precision, diffusion), diffusion_path=dit_path,
+        dit_attention=_dit_attention(dit_path, device, precision, probe),
         threads=s.threads or probe.cores, max_batch=s.max_batch, notes=tuple(notes), fallback=fallback)
 
 
@@ -409,8 +410,9 @@ def _int8_gemm(weights: str, dit_path: str, probe: MachineProbe) -> str:
 
 
 def _dit_attention(dit_path: str, device: str, precision: str, probe: MachineProbe) -> str:
-    """The diffusion decoder's attention dtype: bf16 on the fast path where AMX runs it (1.6x fp32's time at 1000
-    frames; its error is inside the DiT's proof on the loaded model, see FINDINGS.md#dit-on-amx), else the DiT's."""
+    """The diffusion decoder's attention dtype: bf16 on the fast path where AMX runs it (fp32 took 1.6x its time
+    at 1000 frames; its error is inside the DiT's proof on the loaded model, see FINDINGS.md#dit-on-amx), else the
+    DiT's."""
     if not dit_path:
         return ""
     if dit_path == "fast" and probe.amx:
