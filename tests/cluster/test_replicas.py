@@ -290,15 +290,22 @@ async def test_the_http_api_speaks_through_the_replicas_unchanged(config, remote
                 body = await r.read()
             async with session.get(url + "/healthz") as r:
                 health = await r.json()
-            async with session.get(url + "/metrics") as r:
-                metrics = await r.text()
+            # a replica counts while its last state report is fresh (STALE_S); on a loaded machine one report can
+            # come late, so the scrape is repeated until both count, or a minute has passed
+            deadline = time.monotonic() + 60
+            while True:
+                async with session.get(url + "/metrics") as r:
+                    metrics = await r.text()
+                if "voicebot_synthesis_replicas 2.0" in metrics or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
     finally:
         await runner.cleanup()
     audio, _ = await local.synthesize(text, alice.id, dataclasses.replace(default_params(cfg), language="en",
                                                                           seed=1234))
     assert np.array_equal(np.frombuffer(body, "<i2"), to_pcm16(audio))
     assert (health["status"], health["engine"], health["device"]) == ("ok", "torch", "cpu")
-    assert "voicebot_synthesis_replicas 2.0" in metrics
+    assert "voicebot_synthesis_replicas 2.0" in metrics, remote.replicas()
 
 
 async def test_streamed_text_is_spoken_sentence_by_sentence_in_order(remote, local, alice):
