@@ -52,6 +52,13 @@ def vocoder_fingerprint(path: str | Path) -> str:
     return file_fingerprint(p)
 
 
+def require_vocoder(vocoder: Path) -> None:
+    """EngineError (one line, what to do) when the diffusion family's vocoder file is not there."""
+    if not vocoder.exists():
+        raise EngineError(f"the vocoder {vocoder} does not exist: run `python -m bot models download`, or point "
+                          "models.vocoder in config.yaml at it")
+
+
 class DiffusionEngine:
     """GPT-SoVITS v4/v5turbo/v5dev/v3: the GPT and the diffusion decoder. Thread-safety: the GPT and the rest may run
     on two threads at once.
@@ -103,9 +110,7 @@ class DiffusionEngine:
             plan = plan_engine(Settings(backend=name, device=device, precision=precision, threads=threads,
                                         max_batch=max_batch, cuda_graphs=cuda_graphs), probe_machine(), diffusion=True)
         require_model_files(models)
-        if not vocoder.exists():
-            raise EngineError(f"the vocoder {vocoder} does not exist: run `python -m bot models download`, or point "
-                              "models.vocoder in config.yaml at it")
+        require_vocoder(vocoder)
         base = getattr(models, "sovits_base", None)  # like models.family, optional in a ModelPaths
         decoder = DiffusionDecoder.load(models.sovits, vocoder, family, plan.device,
                                         DTYPES.get(plan.precision, torch.float32), path=plan.diffusion_path,

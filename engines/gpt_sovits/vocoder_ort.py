@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MIN_SNR_DB", "OrtVocoder", "audio_snr_db"]
+__all__ = ["MIN_SNR_DB", "OrtVocoder", "audio_snr_db", "export_graph"]
 
 OPSET = 17
 TRACE_FRAMES = 32  # mel frames of the tracing input (the frame axis is dynamic)
@@ -60,7 +60,7 @@ def _session(model: bytes | str, threads: int) -> onnxruntime.InferenceSession:
     return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
-def _export(vocoder: nn.Module) -> bytes:
+def export_graph(vocoder: nn.Module) -> bytes:
     """``vocoder`` traced to an ONNX graph with a dynamic frame axis (TorchScript exporter)."""
     buf = io.BytesIO()
     mel = torch.zeros(1, 100, TRACE_FRAMES)
@@ -115,7 +115,7 @@ class OrtVocoder:
         notes), kept in ``cache_dir`` keyed by ``source`` (the vocoder file) and the runtimes' versions; else fp32.
         ``mel_front_end`` is ``(rate, n_fft, hop)`` of the family's mel, for the synthetic calibration mels.
         """
-        graph = _export(vocoder) if cache_dir is None else _kept_graph(vocoder, Path(cache_dir), source)
+        graph = export_graph(vocoder) if cache_dir is None else _kept_graph(vocoder, Path(cache_dir), source)
         if int8 and cache_dir is not None:
             made = _int8_graph(graph, Path(cache_dir), source, mel_front_end, threads, min_snr_db)
             if made is not None:
@@ -124,14 +124,14 @@ class OrtVocoder:
 
 
 def _kept_graph(vocoder: nn.Module, folder: Path, source: str | os.PathLike[str] | None) -> bytes:
-    """:func:`_export`'s graph, kept in ``folder`` keyed by the vocoder file: tracing v3's BigVGAN takes tens of
+    """:func:`export_graph`'s graph, kept in ``folder`` keyed by the vocoder file: tracing v3's BigVGAN takes tens of
     seconds, which a restart should not pay again."""
     path = folder / f"vocoder-fp32-{_key(source)}.onnx"
     try:
         return path.read_bytes()
     except OSError:
         pass
-    graph = _export(vocoder)
+    graph = export_graph(vocoder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

@@ -237,7 +237,7 @@ def test_v3_bigvgan_runs_under_onnx_runtime_in_fp32_its_graph_kept(tmp_path: Pat
     """v3's BigVGAN is exported (its anti-aliasing filters grouped per channel as constants), runs the same samples as
     torch's to float rounding, stays fp32 (no int8 attempt), and its graph is kept so a restart does not trace it."""
     files = write_dit_family(tmp_path / "models", "v3", "tiny", seed=3, atomic=_atomic)
-    traced = _counting(monkeypatch, vocoder_ort, "_export")
+    traced = _counting(monkeypatch, vocoder_ort, "export_graph")
     quantised = _counting(monkeypatch, vocoder_ort, "_make_int8")
     cache = tmp_path / "cache"
     fast = DiffusionDecoder.load(files["sovits"], files["vocoder"], path="fast", cache_dir=cache)
