@@ -98,13 +98,14 @@ class DitPipelineRow:
     x_rtf: float | None = None  # naive RTF / this row's
 
 
-def family_rows(family: str, size: str, frames: int, threads: int, tmp: str) -> list[DitRow]:
-    """The rows of one family at one size (run in a process of its own)."""
+def family_rows(family: str, size: str, frames: int, threads: int, tmp: str, device: str = "cpu") -> list[DitRow]:
+    """The rows of one family at one size (run in a process of its own); on a CUDA ``device`` the paths are
+    upstream's eager fp32, the fast DiT in fp32 stepped eagerly, and the product's fp16 with CUDA graphs."""
     import os
 
     from engines import instruments
 
-    t = instruments.time_dit_paths(family, size, frames, threads, tmp, ROUNDS, TIMED_STEPS, VOCODER_S)
+    t = instruments.time_dit_paths(family, size, frames, threads, tmp, ROUNDS, TIMED_STEPS, VOCODER_S, device)
     load = os.getloadavg()[0]
     steps, cfg = int(t["steps"]), float(t["cfg"])
     rows: list[DitRow] = []
@@ -113,7 +114,8 @@ def family_rows(family: str, size: str, frames: int, threads: int, tmp: str) -> 
         rows.append(DitRow(family, p, size, frames, steps, cfg, min(rec["dit_ms"]), min(rec["vocoder_rtf"]),
                            dit=rec["precisions"]["dit"],
                            kernels=f"{t['int8_gemm']}/{t['attention']}" if rec["precisions"]["dit"] == "int8" else "-",
-                           vocoder=("torch-" if p == "naive" else "ort-") + rec["precisions"]["vocoder"],
+                           vocoder=("torch-" if p == "naive" or device != "cpu" else "ort-")
+                           + rec["precisions"]["vocoder"],
                            load_avg=load))
     target_s = (frames - int(t["prompt_frames"])) / float(t["mel_frame_rate"])
     base = rows[0]
@@ -226,19 +228,20 @@ async def _pipeline_rows(family: str, size: str, threads: int, tmp: str, pace: C
 
 def bench_dit(families: list[str], sizes: list[str], frames: int, threads: int, contend: int,
               isolated: Callable[..., Any], contention: Callable[[int], Any], pace: Callable[[Any, int], None],
-              tokens_per_phone: int) -> tuple[list[DitRow], list[DitPipelineRow]]:
+              tokens_per_phone: int, device: str = "cpu") -> tuple[list[DitRow], list[DitPipelineRow]]:
     """Every family's rows at every size, and its pipeline rows, each in a process of its own (``isolated(fn,
     *args)``), with ``contention(contend)`` busy processes beside them (the ``bench`` command's own helpers;
-    ``pace(engine, tokens_per_phone)``: its natural pace of the GPT, see :func:`pipeline_rows`)."""
+    ``pace(engine, tokens_per_phone)``: its natural pace of the GPT, see :func:`pipeline_rows`). On a CUDA
+    ``device`` the stage rows only: first audio there is ``bench-streams``' (with a diffusion family's config)."""
     rows: list[DitRow] = []
     piped: list[DitPipelineRow] = []
     with tempfile.TemporaryDirectory(prefix="voicebot-bench-dit-") as tmp, contention(contend):
         for size in sizes:
             for family in families:
                 made: list[DitRow] = isolated(family_rows, family, size, frames if size == "real" else 64, threads,
-                                              tmp)
-                whole: list[DitPipelineRow] = isolated(pipeline_rows, family, size, threads, tmp, pace,
-                                                       tokens_per_phone)
+                                              tmp, device)
+                whole: list[DitPipelineRow] = [] if device != "cpu" else isolated(
+                    pipeline_rows, family, size, threads, tmp, pace, tokens_per_phone)
                 for r in made:
                     r.contend = contend
                 for w in whole:

@@ -792,7 +792,7 @@ def run_bench(config: Any, args: argparse.Namespace) -> int:
 
                 d, w = bench_dit([f.strip() for f in args.dit_families.split(",") if f.strip()], [size],
                                  args.dit_frames, threads, contend, _isolated, Contention, natural_pace,
-                                 TOKENS_PER_PHONE)
+                                 TOKENS_PER_PHONE, device)
                 dit_rows.extend(d)
                 dit_pipeline.extend(w)
     if rows:

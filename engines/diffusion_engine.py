@@ -115,7 +115,8 @@ class DiffusionEngine:
         decoder = DiffusionDecoder.load(models.sovits, vocoder, family, plan.device,
                                         DTYPES.get(plan.precision, torch.float32), path=plan.diffusion_path,
                                         threads=plan.threads, cache_dir=cache_dir, sovits_base=base,
-                                        int8_gemm=plan.int8_gemm or "fbgemm", attention=plan.dit_attention)
+                                        int8_gemm=plan.int8_gemm or "fbgemm", attention=plan.dit_attention,
+                                        cuda_graphs=plan.gpt_runner == "cuda-graphs")  # the plan's CUDA graphs
         if family is not None and decoder.family.name != family:
             raise ModelFormatError(f"{models.sovits} is a {decoder.family.name} SoVITS but models.family is {family}; "
                                    f"set models.family: {decoder.family.name} (or auto)")

@@ -132,7 +132,8 @@ class EnginePlan:
     device_name: the CPU's or the GPU's model name.
     precision: the engine's precision (``fp32``, ``fp16``, ``bf16``, ``int8``).
     gpt_runner: how the GPT decodes: ``fused`` (the fused C step), ``graphs`` (exported step graphs), ``torch``
-        (the torch layer loop, TorchScript on a CPU) or ``cuda-graphs`` (the torch step captured per bucket).
+        (the torch layer loop, TorchScript on a CPU) or ``cuda-graphs`` (the torch step captured per bucket; a
+        diffusion family's DiT steps are then replayed from CUDA graphs too).
     gpt_weights: ``fp32``, ``fp16``, ``bf16``, ``int8-weight-only`` (per output channel, activations fp32) or
         ``int8-dynamic`` (activations quantised per step too: torch's fbgemm or the ONNX int8 step graph); an
         engine's plan says ``fp32`` where the int8 GPT missed its proof on the loaded model.

@@ -101,7 +101,7 @@ class DiffusionDecoder:
              dtype: torch.dtype = torch.float32, *, path: str = "fast", threads: int = 0,
              cache_dir: str | os.PathLike[str] | None = None,
              sovits_base: str | os.PathLike[str] | None = None, int8_gemm: str = "fbgemm",
-             attention: str = "fp32") -> DiffusionDecoder:
+             attention: str = "fp32", cuda_graphs: bool = False) -> DiffusionDecoder:
         """Load both files (restricted unpickling); ModelFormatError (one line) if either is wrong.
 
         ``family`` is the configured one; the SoVITS file's own header, name or config decides where it says.
@@ -124,6 +124,9 @@ class DiffusionDecoder:
         int8_gemm, attention:
             the fast path's int8 GEMM library and attention dtype (the engine plan's ``int8_gemm`` and
             ``dit_attention``), inside the DiT's proof.
+        cuda_graphs:
+            on a CUDA device, the fast path replays the DiT's steps from CUDA graphs
+            (:class:`~engines.gpt_sovits.dit_graphs.CudaGraphDit`).
         """
         if path not in PATHS:
             raise ValueError(f"unknown decoder path {path!r}; use one of {', '.join(PATHS)}")
@@ -139,6 +142,10 @@ class DiffusionDecoder:
         decoder = cls(sovits, vocoder, sovits.dit, path)
         on_cpu = torch.device(device).type == "cpu" and dtype == torch.float32
         if not on_cpu:
+            if path == "fast" and cuda_graphs and torch.device(device).type == "cuda":
+                from engines.gpt_sovits.dit_graphs import CudaGraphDit
+
+                decoder.estimator = CudaGraphDit(sovits.dit)
             return decoder
         if path == "fast":
             read = [sovits_path, *([sovits_base] if sovits_base is not None and is_lora_file(sovits_path) else [])]

@@ -26,19 +26,33 @@ from engines.runtime import set_cpu_threads
 __all__ = ["NaiveDitPipeline", "time_dit_paths"]
 
 
-def _seconds(fn: Callable[[], Any]) -> float:
+def _seconds(fn: Callable[[], Any], device: str = "cpu") -> float:
     t0 = time.perf_counter()
     fn()
+    if device != "cpu":
+        torch.cuda.synchronize(device)  # a GPU's work is queued: its end is when the device says so
     return time.perf_counter() - t0
+
+
+def _decoder(files: dict[str, Path], path: str, device: str, threads: int, folder: str | Path,
+             int8_gemm: str, attention: str) -> DiffusionDecoder:
+    """One decoder path as the bench times it. On a CUDA device: ``naive`` upstream's eager fp32, ``fp32`` the fast
+    path's DiT in fp32 stepped eagerly, ``fast`` what the product runs there (fp16, the steps from CUDA graphs)."""
+    if device == "cpu":
+        return DiffusionDecoder.load(files["sovits"], files["vocoder"], path=path, threads=threads,
+                                     cache_dir=Path(folder) / "proofs", int8_gemm=int8_gemm, attention=attention)
+    dtype = torch.float16 if path == "fast" else torch.float32
+    return DiffusionDecoder.load(files["sovits"], files["vocoder"], device=device, dtype=dtype, path=path,
+                                 cuda_graphs=path == "fast")
 
 
 @torch.inference_mode()
 def time_dit_paths(family: str, size: str, frames: int, threads: int, folder: str | Path, rounds: int,
-                   timed_steps: int, vocoder_s: float) -> dict[str, Any]:
+                   timed_steps: int, vocoder_s: float, device: str = "cpu") -> dict[str, Any]:
     """Write ``family``'s random model files at ``size`` under ``folder``, load every decoder path and time each
     ``rounds`` times in turn: a sampler call of ``frames`` frames (the family's prompt of at most half of them) and
     ``min(timed_steps, default steps)`` steps with the family's guidance, then the vocoder on ``vocoder_s`` seconds
-    of mel.
+    of mel. ``device``: ``cpu`` or a CUDA device (the paths there: :func:`_decoder`).
 
     Returns
     -------
@@ -49,10 +63,9 @@ def time_dit_paths(family: str, size: str, frames: int, threads: int, folder: st
     """
     set_cpu_threads(threads)
     files = write_dit_family(Path(folder) / family, family, size, 1, _atomic)
-    plan = plan_engine(Settings(device="cpu", threads=threads), probe_machine(), diffusion=True)  # what auto runs
-    decoders = {p: DiffusionDecoder.load(files["sovits"], files["vocoder"], path=p, threads=threads,
-                                         cache_dir=Path(folder) / "proofs", int8_gemm=plan.int8_gemm or "fbgemm",
-                                         attention=plan.dit_attention) for p in PATHS}
+    plan = plan_engine(Settings(device=device, threads=threads), probe_machine(), diffusion=True)  # what auto runs
+    decoders = {p: _decoder(files, p, device, threads, folder, plan.int8_gemm or "fbgemm", plan.dit_attention)
+                for p in PATHS}
     spec = decoders["naive"].family
     steps, cfg = check_sampling(spec, None, None)
     prompt_frames = min(spec.prompt_frames, frames // 2)
@@ -61,6 +74,8 @@ def time_dit_paths(family: str, size: str, frames: int, threads: int, folder: st
     prompt = 0.3 * torch.randn(1, 100, prompt_frames, generator=gen) - 0.4
     noise = torch.randn(1, 100, frames, generator=gen)
     mel = 0.3 * torch.randn(1, 100, int(vocoder_s * spec.mel_frame_rate), generator=gen) - 0.4
+    inputs = {p: [t.to(device, d.sovits.codebook.dtype) for t in (mu, prompt, noise, mel)]
+              for p, d in decoders.items()}  # (each path's own dtype on its device)
     call_steps = min(timed_steps, steps)
     out: dict[str, Any] = {"steps": steps, "cfg": cfg, "prompt_frames": prompt_frames,
                            "mel_frame_rate": spec.mel_frame_rate, "int8_gemm": plan.int8_gemm,
@@ -70,10 +85,11 @@ def time_dit_paths(family: str, size: str, frames: int, threads: int, folder: st
     for _ in range(rounds):
         for p in PATHS:
             d, rec = decoders[p], out["paths"][p]
-            rec["dit_ms"].append(1000 * _seconds(lambda: sample(d.estimator, mu, prompt, call_steps, spec, cfg, noise))
-                                 / call_steps)
-            d.vocode(mel[..., :8])
-            rec["vocoder_rtf"].append(_seconds(lambda: d.vocode(mel)) / vocoder_s)
+            mu_p, prompt_p, noise_p, mel_p = inputs[p]
+            rec["dit_ms"].append(1000 * _seconds(lambda: sample(d.estimator, mu_p, prompt_p, call_steps, spec, cfg,
+                                                               noise_p), device) / call_steps)
+            d.vocode(mel_p[..., :8])
+            rec["vocoder_rtf"].append(_seconds(lambda: d.vocode(mel_p), device) / vocoder_s)
     return out
 
 
