@@ -68,6 +68,7 @@ class DitRow:
     dit: str = "fp32"  # what ran: the DiT's precision
     vocoder: str = "fp32"  # and the vocoder's (onnxruntime where not naive)
     kernels: str = "-"  # an int8 DiT's GEMM library and attention dtype (the engine plan's)
+    ref_gflops: float = 0.0  # the machine's speed on a fixed fp32 product just before the row's best round
     contend: int = 0
     load_avg: float = 0.0  # the machine's 1-minute load average when the row was measured
     x_dit: float | None = None  # naive ms per step / this row's
@@ -111,12 +112,13 @@ def family_rows(family: str, size: str, frames: int, threads: int, tmp: str, dev
     rows: list[DitRow] = []
     for p in PATHS:
         rec = t["paths"][p]
-        rows.append(DitRow(family, p, size, frames, steps, cfg, min(rec["dit_ms"]), min(rec["vocoder_rtf"]),
+        best = min(range(len(rec["dit_ms"])), key=rec["dit_ms"].__getitem__)
+        rows.append(DitRow(family, p, size, frames, steps, cfg, rec["dit_ms"][best], min(rec["vocoder_rtf"]),
                            dit=rec["precisions"]["dit"],
                            kernels=f"{t['int8_gemm']}/{t['attention']}" if rec["precisions"]["dit"] == "int8" else "-",
                            vocoder=("torch-" if p == "naive" or device != "cpu" else "ort-")
                            + rec["precisions"]["vocoder"],
-                           load_avg=load))
+                           ref_gflops=rec["ref_gflops"][best], load_avg=load))
     target_s = (frames - int(t["prompt_frames"])) / float(t["mel_frame_rate"])
     base = rows[0]
     for r in rows:
@@ -254,14 +256,15 @@ def bench_dit(families: list[str], sizes: list[str], frames: int, threads: int, 
 def format_dit_table(rows: list[DitRow]) -> str:
     """The DiT and vocoder rows, each path beside its family's naive row."""
     head = (f"{'family':8} {'path':6} {'dit':5} {'gemm/attn':11} {'vocoder':10} {'size':5} {'frames':>6} "
-            f"{'ms/step':>9} {'x naive':>8} {'voc RTF':>8} {'x naive':>8} {'steps':>5} {'chunk x':>8} {'load':>5} "
-            f"{'contend':>7}")
-    lines = ["DiT stage (ms per sampling step of one call of `frames` frames) and 48 kHz vocoder RTF; chunk x: the "
+            f"{'ms/step':>9} {'ref GF/s':>8} {'x naive':>8} {'voc RTF':>8} {'x naive':>8} {'steps':>5} {'chunk x':>8} "
+            f"{'load':>5} {'contend':>7}")
+    lines = ["DiT stage (ms per sampling step of one call of `frames` frames; ref GF/s: the machine's speed on a fixed "
+             "fp32 product just before that round, compare rows at like speeds) and 48 kHz vocoder RTF; chunk x: the "
              "family's default steps plus the vocoder, naive / this path:", head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r.family:8} {r.path:6} {r.dit:5} {r.kernels:11} {r.vocoder:10} {r.size:5} {r.frames:6d} "
-                     f"{r.dit_ms_per_step:9.1f} {r.x_dit or 0:7.2f}x {r.vocoder_rtf:8.3f} {r.x_vocoder or 0:7.2f}x "
-                     f"{r.steps:5d} {r.x_chunk or 0:7.2f}x {r.load_avg:5.1f} {r.contend:7d}")
+                     f"{r.dit_ms_per_step:9.1f} {r.ref_gflops:8.0f} {r.x_dit or 0:7.2f}x {r.vocoder_rtf:8.3f} "
+                     f"{r.x_vocoder or 0:7.2f}x {r.steps:5d} {r.x_chunk or 0:7.2f}x {r.load_avg:5.1f} {r.contend:7d}")
     return "\n".join(lines)
 
 

@@ -34,6 +34,19 @@ def _seconds(fn: Callable[[], Any], device: str = "cpu") -> float:
     return time.perf_counter() - t0
 
 
+REFERENCE_SIZE = 1024  # the reference product's side: far past every cache, so it runs at the cores' own speed
+REFERENCE_PRODUCTS = 20  # about 0.2 s on 2 cores
+
+
+def reference_gflops(device: str = "cpu") -> float:
+    """How fast this machine runs a fixed fp32 product right now, GFLOP/s: a shared VM's speed moves between states
+    within seconds (by 1.5x on one measured in benchmarks/FINDINGS.md), and a timing means little without it."""
+    a = torch.ones(REFERENCE_SIZE, REFERENCE_SIZE, device=device)
+    _seconds(lambda: a @ a, device)  # (the first product on a GPU pays its kernel's load)
+    seconds = _seconds(lambda: [a @ a for _ in range(REFERENCE_PRODUCTS)], device)
+    return 2 * REFERENCE_SIZE**3 * REFERENCE_PRODUCTS / seconds / 1e9
+
+
 def _decoder(files: dict[str, Path], path: str, device: str, threads: int, folder: str | Path,
              int8_gemm: str, attention: str) -> DiffusionDecoder:
     """One decoder path as the bench times it. On a CUDA device: ``naive`` upstream's eager fp32, ``fp32`` the fast
@@ -59,7 +72,8 @@ def time_dit_paths(family: str, size: str, frames: int, threads: int, folder: st
     dict
         ``steps``/``cfg`` (the family's defaults), ``prompt_frames``, ``mel_frame_rate``, ``int8_gemm`` and
         ``attention`` (the fast path's, as the engine plan picks them here) and per path ``dit_ms`` (ms per step,
-        every round), ``vocoder_rtf`` (every round) and ``precisions`` (what ran).
+        every round), ``ref_gflops`` (:func:`reference_gflops` just before each of those rounds), ``vocoder_rtf``
+        (every round) and ``precisions`` (what ran).
     """
     set_cpu_threads(threads)
     files = write_dit_family(Path(folder) / family, family, size, 1, _atomic)
@@ -81,11 +95,13 @@ def time_dit_paths(family: str, size: str, frames: int, threads: int, folder: st
                            "mel_frame_rate": spec.mel_frame_rate, "int8_gemm": plan.int8_gemm,
                            "attention": plan.dit_attention, "paths": {}}
     for p in PATHS:
-        out["paths"][p] = {"dit_ms": [], "vocoder_rtf": [], "precisions": dict(decoders[p].precisions)}
+        out["paths"][p] = {"dit_ms": [], "ref_gflops": [], "vocoder_rtf": [],
+                           "precisions": dict(decoders[p].precisions)}
     for _ in range(rounds):
         for p in PATHS:
             d, rec = decoders[p], out["paths"][p]
             mu_p, prompt_p, noise_p, mel_p = inputs[p]
+            rec["ref_gflops"].append(reference_gflops(device))
             rec["dit_ms"].append(1000 * _seconds(lambda: sample(d.estimator, mu_p, prompt_p, call_steps, spec, cfg,
                                                                noise_p), device) / call_steps)
             d.vocode(mel_p[..., :8])

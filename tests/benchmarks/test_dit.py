@@ -29,6 +29,7 @@ def test_bench_dit_pipeline_rows_naive_beside_fast(tmp_path: Path, capsys: pytes
     assert doc["rows"] == [] and doc["families"] == []  # dit alone times the diffusion families only
     dit = {d["path"]: d for d in doc["dit"] if d["family"] == "v5turbo"}
     assert set(dit) == {"naive", "fp32", "fast"}
+    assert all(_measured(d["ref_gflops"]) for d in dit.values())  # each row says how fast the machine ran then
     rows = {(w["family"], w["path"]): w for w in doc["dit_pipeline"]}
     assert set(rows) == {("v5turbo", "naive"), ("v5turbo", "fast")}
     naive, fast = rows[("v5turbo", "naive")], rows[("v5turbo", "fast")]
