@@ -21,7 +21,7 @@ A replica's local synthesizer gets :class:`ServedVoices` and :class:`ServedCache
   time. The actor's cache, bound to its voice store like every cache, refuses and takes back an entry of a deleted
   voice.
 * Health: the replicas send their state to the actor, which writes the state files of ``<cache.dir>/replicas/``
-  with its own clock, where the client reads them (``/healthz``, ``/metrics``).
+  with its own clock, on a thread of their own, where the client reads them (``/healthz``, ``/metrics``).
 * Failures: a call to an actor that is gone (the client machine down, its process killed) fails in one line that
   says so and what to do; the actor is looked up again by name first, so a client that started a new one (after a
   reboot of its machine) is found. A replica that cannot reach the actor at start does not start, and says why.
@@ -58,11 +58,12 @@ NAMESPACE = "voicebot"  # the Ray namespace of the storage actors (clients and r
 CALL_TIMEOUT_S = 10.0  # the longest a replica waits for the actor before the request fails
 MAX_PENDING_STORES = 32  # cache stores a replica has sent and the actor not yet done; past that one is skipped
 LOOKUP_THREADS = 4  # the actor's threads for voice and cache lookups (stores and voice changes: one thread each)
-# the actor's concurrency groups: lookups beside each other, cache stores in order on their own thread; the rest
-# (voice changes, state reports) on the default thread
-GROUPS = {"lookups": LOOKUP_THREADS, "stores": 1}
+# the actor's concurrency groups: lookups beside each other, cache stores in order on their own thread, state
+# reports on theirs (a replica counts as healthy only while its report is under 5 s old, so none may wait behind a
+# slow voice change); the rest (voice changes) on the default thread
+GROUPS = {"lookups": LOOKUP_THREADS, "stores": 1, "reports": 1}
 _GROUP_OF = {"describe": "lookups", "voice": "lookups", "find": "lookups", "lookup_cache": "lookups",
-             "store_cache": "stores"}
+             "store_cache": "stores", "report": "reports", "remove_report": "reports"}
 START_TIMEOUT_S = 120.0  # the longest a client waits for a new actor to open the folders
 Stamp = tuple[int, int]  # VoiceStore.stamp: (row version, folder inode)
 _VOICE_CALLS = frozenset({"create", "replace", "delete", "delete_owner", "meta", "load_clip", "list", "stamp",
