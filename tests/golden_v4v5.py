@@ -47,6 +47,10 @@ class GoldenV4V5:
     def ref(self) -> dict[str, torch.Tensor]:
         return npz(self.root / "ref_io.npz")
 
+    def ref_log_mel(self, rate: int) -> torch.Tensor:
+        """The reference clip's stored log-mel at ``rate`` Hz (a family's ``mel_rate``), not normalised."""
+        return self.ref[f"mel{rate // 1000}k_log"]
+
     def io(self, family: str) -> dict[str, torch.Tensor]:
         return npz(self.root / f"sovits_{family}_io.npz")
 

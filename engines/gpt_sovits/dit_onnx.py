@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-import tempfile
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generator
 
 import numpy as np
@@ -43,7 +41,7 @@ from engines.gpt_sovits.vocoder_ort import _session  # pyright: ignore[reportPri
 if TYPE_CHECKING:
     import onnxruntime
 
-__all__ = ["GRAPH", "INPUTS", "OrtDit", "check_dit_step", "export_dit_step"]
+__all__ = ["GRAPH", "INPUTS", "OrtDit", "export_dit_step"]
 
 GRAPH = "dit_step"  # the graph's file stem in an export folder
 INPUTS: tuple[str, ...] = ("x", "static", "cos", "sin", "block_mods", "final_mods")
@@ -138,16 +136,6 @@ def export_dit_step(dit: DiT, opset: int = DEFAULT_OPSET) -> bytes:
                           OUTPUT: {0: "b", 1: "t"}},
             opset_version=opset, do_constant_folding=True)
     return buf.getvalue()
-
-
-def check_dit_step(graph: bytes) -> list[str]:
-    """The step graph's sorted operator types, after :func:`engines.export.check_graphs`' checks (``onnx.checker``,
-    every operator parsable by TensorRT 10, none forbidden); EngineError if one fails."""
-    from engines.export import check_graphs  # (the v2 exporter: loaded only where a graph is checked)
-
-    with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / f"{GRAPH}.onnx").write_bytes(graph)
-        return check_graphs(folder, (GRAPH,))[GRAPH]
 
 
 def _array(t: Tensor) -> np.ndarray:

@@ -32,7 +32,7 @@ def _mel(golden_v4v5: GoldenV4V5, family: str, dtype: torch.dtype, estimator_of)
     sovits = MelSoVITS.from_checkpoint(load_dit_sovits_checkpoint(golden_v4v5.sovits_file(family)), "cuda", dtype)
     spec = sovits.family
     io, run = golden_v4v5.io(family), golden_v4v5.run(family, "default")
-    ref = norm_spec(golden_v4v5.ref[f"mel{spec.mel_rate // 1000}k_log"])
+    ref = norm_spec(golden_v4v5.ref_log_mel(spec.mel_rate))
     prompt = MelPrompt.from_reference(io["fea_ref"].cuda().to(dtype), ref.cuda().to(dtype), spec)
 
     def noise(k: int, frames: int) -> Tensor:

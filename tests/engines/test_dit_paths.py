@@ -101,7 +101,7 @@ def test_fast_path_is_within_its_proof(golden_v4v5: GoldenV4V5, family: str,
     """The default path's sampled mel against fp32's: the proof's bound where int8 runs, identical where it does not."""
     io = golden_v4v5.io(family)
     spec = family_spec(family)
-    mel = golden_v4v5.ref[f"mel{spec.mel_rate // 1000}k_log"]
+    mel = golden_v4v5.ref_log_mel(spec.mel_rate)
     prompt = MelPrompt.from_reference(io["fea_ref"], norm_spec(mel), spec)
     steps, cfg = check_sampling(spec, None, None)
     gen = [torch.Generator().manual_seed(5) for _ in range(2)]
@@ -126,8 +126,7 @@ def test_onednn_products_and_bf16_attention_are_within_the_proof(golden_v4v5: Go
     assert amx.block(0).attn.compute_dtype == torch.bfloat16 and fp32.block(0).attn.compute_dtype is None
     io = golden_v4v5.io(family)
     spec = family_spec(family)
-    prompt = MelPrompt.from_reference(io["fea_ref"], norm_spec(golden_v4v5.ref[f"mel{spec.mel_rate // 1000}k_log"]),
-                                      spec)
+    prompt = MelPrompt.from_reference(io["fea_ref"], norm_spec(golden_v4v5.ref_log_mel(spec.mel_rate)), spec)
     steps, cfg = check_sampling(spec, None, None)
     mels = {name: synthesize_mel(est, prompt, io["fea_todo"], spec, steps, cfg,
                                  generator=torch.Generator().manual_seed(5))
